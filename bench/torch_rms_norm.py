@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Times the single-GPU PyTorch baseline: two torch.nn.functional.rms_norm calls (Q and K) on
+the same shapes as swiftqk_bench, graph-replayed, median of many replays, inputs rotated so L2
+does not flatter. With --swiftqk-json it prints SwiftQK TP-1 time against it, side by side.
+
+    python3 bench/torch_rms_norm.py --json out.json --swiftqk-json bench_tp1.json
+"""
+import argparse
+import json
+import statistics
+
+MODELS = {  # name: (q width, k width, eps)
+    "olmoe": (2048, 2048, 1e-5),
+    "olmo2-7b": (4096, 4096, 1e-6),
+    "olmo2-13b": (5120, 5120, 1e-6),
+    "olmo3-32b": (5120, 1024, 1e-6),
+    "minimax-m2": (6144, 1024, 1e-6),
+}
+
+
+def time_torch(torch, q_width, k_width, eps, tokens, iters, launches):
+    f = torch.nn.functional.rms_norm
+    dev = "cuda"
+    set_bytes = tokens * (q_width + k_width) * 4
+    sets = max(1, min(8, (120 << 20) // max(set_bytes, 1) + 1))
+    qs = [torch.randn(tokens, q_width, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
+    ks = [torch.randn(tokens, k_width, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
+    wq = torch.rand(q_width, device=dev, dtype=torch.bfloat16) + 0.5
+    wk = torch.rand(k_width, device=dev, dtype=torch.bfloat16) + 0.5
+    outs = []
+
+    def body(i):
+        outs.append(f(qs[i % sets], (q_width,), wq, eps))
+        outs.append(f(ks[i % sets], (k_width,), wk, eps))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(3):
+            body(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(launches):
+            body(i)
+    for _ in range(10):
+        g.replay()
+    times = []
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(iters):
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / launches)
+    times.sort()
+    return {
+        "median_us": statistics.median(times),
+        "p10_us": times[int(0.1 * len(times))],
+        "p99_us": times[min(len(times) - 1, int(0.99 * len(times)))],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--tokens", default="1,64,4096,16384")
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--graph-launches", type=int, default=20)
+    ap.add_argument("--json", default="")
+    ap.add_argument("--swiftqk-json", default="", help="swiftqk_bench JSON to compare at TP 1")
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("torch_rms_norm.py: PyTorch is not installed here; nothing to time.")
+        return 0
+    if not torch.cuda.is_available():
+        print("torch_rms_norm.py: no CUDA GPU; nothing to time.")
+        return 0
+    rows = []
+    for name in args.models.split(","):
+        q, k, eps = MODELS[name]
+        for t in (int(x) for x in args.tokens.split(",")):
+            r = time_torch(torch, q, k, eps, t, args.iters, args.graph_launches)
+            r.update(method="torch_rms_norm_x2", model=name, q_width=q, k_width=k, tp=1, tokens=t,
+                     dtype="bf16", mode="graph", device=torch.cuda.get_device_name())
+            rows.append(r)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    ours = {}
+    if args.swiftqk_json:
+        for r in json.load(open(args.swiftqk_json)):
+            if r["tp"] == 1 and r["method"] == "swiftqk":
+                ours[(r["model"], r["tokens"])] = r["median_us"]
+    print(f"{'model':<11} {'tokens':>6} {'torch_x2_us':>11} {'swiftqk_us':>10} {'ratio':>6}")
+    worse = 0
+    for r in rows:
+        s = ours.get((r["model"], r["tokens"]))
+        ratio = f"{s / r['median_us']:.2f}" if s else "-"
+        if s and s > r["median_us"]:
+            worse += 1
+        print(f"{r['model']:<11} {r['tokens']:>6} {r['median_us']:>11.2f} "
+              f"{(s if s else float('nan')):>10.2f} {ratio:>6}")
+    if ours:
+        print(f"SwiftQK TP-1 slower than torch rms_norm x2 at {worse} of {len(rows)} points")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+// Launch planning: pure host arithmetic, no CUDA calls, so CI tests it without a GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace swiftqk {
+
+/// @brief How one token row (Q shard then K shard) of one rank is spread over threads.
+struct KernelShape {
+  int vec_elems = 1;           ///< elements per vector access; 1 selects the scalar path
+  int vectors_per_thread = 1;  ///< register-resident vectors per thread (1,2,4,8); 0 = streaming
+  int group_threads = 32;      ///< threads normalising one token of one rank (multiple of 32)
+  int tokens_per_block = 1;    ///< groups per block
+  int block_threads() const { return group_threads * tokens_per_block; }
+};
+
+/// Rows of more 16-byte vectors than this (16384 bf16 elements of Q+K) are streamed in two
+/// passes (the second hits L2) instead of being staged: four stages of a 32 KB row fill 128 KB
+/// of shared memory. The scalar path (vec_elems 1) always streams.
+constexpr int64_t kMaxStagedVectors = 2048;
+
+/// @brief Picks the thread layout for local widths q_width/k_width moved vec_elems at a time.
+KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems);
+
+/// @brief The persistent grid of one launch.
+struct GridPlan {
+  int ranks = 1;            ///< ranks served by this launch (virtual ranks share one launch)
+  int blocks_per_rank = 0;  ///< each rank's blocks are contiguous in blockIdx.x
+  int grid() const { return ranks * blocks_per_rank; }
+};
+
+/// @brief Bounds the grid by what can be resident at once so that spinning blocks never wait on
+/// a block that is not running: at most max_blocks_per_sm x min(sm_count, sm_budget) blocks.
+/// @param sm_budget SMs this launch may occupy; 0 means all. Throws if even one block per rank
+/// cannot be resident.
+GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_blocks_per_sm,
+                   int sm_count, int sm_budget);
+
+/// @brief One exchange slot: a rank's (q, k) partial sums of squares for one token, each in a
+/// 64-bit word whose high half is a tag, so a reader never needs a separate flag.
+constexpr std::size_t kSlotBytes = 16;
+/// Calls alternate between two slot banks; a bank is rewritten two calls later (docs/design.md
+/// proves this cannot overtake a slow reader).
+constexpr int kSlotBanks = 2;
+
+/// @brief Byte offset of the slot written by src_rank for token in bank, inside the reader's
+/// workspace: [bank][token][src_rank], so a reader's N slots of a token are contiguous.
+constexpr std::size_t slot_offset(int world, int64_t capacity, int bank, int64_t token,
+                                  int src_rank) {
+  return ((static_cast<std::size_t>(bank) * capacity + token) * world + src_rank) * kSlotBytes;
+}
+/// @brief Byte offset of the P2P probe words ([world] x 8 bytes) after the slots.
+constexpr std::size_t probe_offset(int world, int64_t capacity) {
+  return slot_offset(world, capacity, kSlotBanks, 0, 0);
+}
+/// @brief Bytes of one rank's exchange workspace for world ranks and `capacity` tokens a launch.
+constexpr std::size_t workspace_bytes(int world, int64_t capacity) {
+  return probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world);
+}
+
+/// @brief The tag of call number `call` (the device counter before it is advanced): never 0,
+/// which marks a consumed slot, and calls wrap at 2^30 so bank = call & 1 alternates forever.
+constexpr uint32_t tag_for_call(uint32_t call) { return (call & 0x3fffffffu) + 1u; }
+constexpr int bank_for_call(uint32_t call) { return static_cast<int>(call & 1u); }
+constexpr uint32_t next_call(uint32_t call) { return (call + 1u) & 0x3fffffffu; }
+
+/// @brief Tag of the k word: the call tag xor a hash of what every rank must agree on (full
+/// widths, world size, eps, order). Its top bit is set, so it never equals 0 or a call tag.
+uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps, int order);
+
+}  // namespace swiftqk

@@ -1,0 +1,69 @@
+// Host-only float64 reference for layerwise RMSNorm, bit-exact dtype conversions and error
+// metrics. Tests compare kernel output against rms_norm_fp64 within relative_tolerance.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "swiftqk/types.hpp"
+
+namespace swiftqk {
+namespace ref {
+
+// Conversions match CUDA's round-to-nearest-even intrinsics bit for bit (__float2bfloat16_rn,
+// __float2half_rn, __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)). NaN maps to a NaN.
+uint16_t float_to_bf16_bits(float v);
+float bf16_bits_to_float(uint16_t bits);
+/// @brief IEEE binary16: RNE, subnormals, overflow to +-inf.
+uint16_t float_to_f16_bits(float v);
+float f16_bits_to_float(uint16_t bits);
+/// @brief OCP E4M3 "fn": max 448, no inf, NaN = 0x7f/0xff. Saturating: |v| > 448 and +-inf
+/// give +-448.
+uint8_t float_to_e4m3_bits(float v);
+float e4m3_bits_to_float(uint8_t bits);
+
+/// @brief v rounded to t and back to float (identity for f32).
+float round_to(DType t, float v);
+
+/// @brief Element `index` of a buffer of type t, widened to double.
+double load_element(const void* base, DType t, std::size_t index);
+/// @brief Stores value as double -> float -> t (RNE; saturating for fp8).
+void store_element(void* base, DType t, std::size_t index, double value);
+
+/// @brief Gold reference in double: y = w * x / sqrt(mean(x^2) + eps) per row of x
+/// [tokens, width] (row-major); w has `width` entries.
+std::vector<double> rms_norm_fp64(const std::vector<double>& x, const std::vector<double>& w,
+                                  int64_t tokens, int64_t width, double eps);
+
+/// @brief What a correct fp32 kernel writes, rounded to `out` (f32, f16 or bf16).
+std::vector<double> rms_norm_emulated(const std::vector<double>& x, const std::vector<double>& w,
+                                      int64_t tokens, int64_t width, double eps, NormOrder order,
+                                      DType out);
+
+/// @brief Sum of squares the way `world` ranks compute it: fp32 partials over equal contiguous
+/// shards, combined in fp32 in rank order. Throws if width % world != 0.
+double sum_of_squares_sharded(const double* row, int64_t width, int world);
+
+struct ErrorMetrics {
+  double max_abs = 0, mean_abs = 0, rmse = 0;
+  int64_t count = 0;      // elements compared
+  int64_t nonfinite = 0;  // got is NaN/inf where ref is finite, or they disagree on NaN/inf
+  int64_t worst_index = -1;
+};
+
+/// @brief Error of got against ref. Any nonfinite mismatch sets max_abs = +inf; mean_abs and rmse
+/// average the finite pairs only so they stay informative.
+ErrorMetrics compare(const std::vector<double>& got, const std::vector<double>& ref);
+
+/// @brief Bound `rel` for |got - gold| <= rel * max(|gold|, absolute_floor(out)).
+double relative_tolerance(DType out, NormOrder order);
+/// @brief Magnitude below which the bound stops shrinking (subnormal outputs).
+double absolute_floor(DType out);
+/// @brief Number of elements with |got - gold| > relative_tolerance * max(|gold|, floor), or
+/// non-finite where gold is finite.
+int64_t count_out_of_tolerance(const std::vector<double>& got, const std::vector<double>& gold,
+                               DType out, NormOrder order);
+
+}  // namespace ref
+}  // namespace swiftqk

@@ -1,0 +1,36 @@
+// Element types, norm orders and methods shared by the host API, the kernels and the reference.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace swiftqk {
+
+/// @brief Element type of a tensor. fp8 (e4m3) is an input type only; its output is bf16.
+enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kF8E4M3 = 3 };
+
+/// @brief Where the norm weight is applied and where the result is rounded.
+enum class NormOrder : int {
+  /// HF Olmo2RMSNorm: y = round(w * (x * rstd)), product in fp32, rounded once.
+  kOlmo2 = 0,
+  /// HF LlamaRMSNorm / vLLM / MixtralRMSNorm: y = round(w * round(x * rstd)).
+  kLlama = 1,
+};
+
+/// @brief Size in bytes of one element of t.
+constexpr std::size_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : (t == DType::kF8E4M3 ? 1 : 2);
+}
+
+/// @brief Output (and weight) type produced for input type t: fp8 input gives bf16 output.
+constexpr DType output_dtype_for(DType in) { return in == DType::kF8E4M3 ? DType::kBF16 : in; }
+
+std::string to_string(DType t);
+std::string to_string(NormOrder o);
+/// @brief Parses "f32|fp32|float32", "f16|fp16|float16", "bf16|bfloat16", "fp8|f8e4m3|e4m3".
+DType parse_dtype(const std::string& name);
+/// @brief Parses "olmo2" or "llama".
+NormOrder parse_norm_order(const std::string& name);
+
+}  // namespace swiftqk

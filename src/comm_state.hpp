@@ -1,0 +1,74 @@
+// What a Communicator owns. Internal: the kernels' RankArgs are filled from it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "kernels/launch_args.hpp"
+#include "swiftqk/communicator.hpp"
+
+namespace swiftqk::detail {
+
+/// Device allocations freed together, possibly on several devices; shared by the ranks of a
+/// local group so that no rank frees a workspace its peers still point into.
+struct DeviceAllocations {
+  std::vector<std::pair<int, void*>> blocks;  // (device, pointer)
+  ~DeviceAllocations();
+  void* allocate(int device, std::size_t bytes);
+};
+
+struct CommState {
+  int rank = 0;
+  int world = 1;
+  int device = 0;
+  CommConfig config;
+
+  std::shared_ptr<DeviceAllocations> allocations;  // this rank's (or the whole group's) memory
+  uint8_t* local_ws = nullptr;
+  std::vector<uint8_t*> peers;  // host copy of the peer table
+  uint8_t** d_peers = nullptr;  // device copy, [world]
+  std::vector<void*> ipc_opened;  // peer mappings to close
+  CallState* d_state = nullptr;
+  FailureRecord* d_failure = nullptr;
+  FailureRecord* h_failure = nullptr;  // host-mapped, pinned
+  FailureRecord* h_failure_dev = nullptr;  // its device alias
+  uint32_t probe_round = 0;
+  int* d_probe_ok = nullptr;  // preallocated: a cudaMalloc during a peer's probe could stall it
+  int* h_probe_ok = nullptr;  // pinned
+
+  // One call in flight per communicator (see Communicator's doc).
+  std::mutex launch_mutex;
+  cudaStream_t last_stream = nullptr;
+  bool has_last = false;
+  cudaEvent_t last_done = nullptr;
+
+  CommState() = default;
+  CommState(const CommState&) = delete;
+  CommState& operator=(const CommState&) = delete;
+  ~CommState();
+
+  /// Allocates the workspace (zeroed), counters and failure words on `device`.
+  void allocate_local();
+  /// Uploads `peers` to the device table.
+  void upload_peers();
+  /// Checks and records the stream of a new launch (throws on a second call in flight).
+  void begin_launch(cudaStream_t stream);
+  void end_launch(cudaStream_t stream);
+  RankArgs rank_args() const;
+};
+
+/// Sets the current device for a scope and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace swiftqk::detail

@@ -1,0 +1,392 @@
+// Communicator creation (local group, IPC two-phase, NCCL), the P2P write test and error checks.
+#include <nccl.h>
+
+#include <cstring>
+#include <sstream>
+#include <string>
+
+#include "comm_state.hpp"
+#include "kernels/exchange.cuh"
+#include "swiftqk/cuda_check.hpp"
+#include "swiftqk/plan.hpp"
+
+namespace swiftqk {
+
+namespace detail {
+
+DeviceGuard::DeviceGuard(int device) {
+  SWIFTQK_CUDA_TRY(cudaGetDevice(&previous_));
+  if (device != previous_) SWIFTQK_CUDA_TRY(cudaSetDevice(device));
+}
+DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
+
+DeviceAllocations::~DeviceAllocations() {
+  for (auto& [dev, p] : blocks) {
+    cudaSetDevice(dev);
+    cudaFree(p);  // destructor: nothing to report to
+  }
+}
+
+void* DeviceAllocations::allocate(int device, std::size_t bytes) {
+  DeviceGuard guard(device);
+  void* p = nullptr;
+  SWIFTQK_CUDA_TRY(cudaMalloc(&p, bytes));
+  blocks.emplace_back(device, p);
+  SWIFTQK_CUDA_TRY(cudaMemset(p, 0, bytes));
+  return p;
+}
+
+CommState::~CommState() {
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  for (void* p : ipc_opened) cudaIpcCloseMemHandle(p);
+  if (d_peers) cudaFree(d_peers);
+  if (d_state) cudaFree(d_state);
+  if (d_failure) cudaFree(d_failure);
+  if (d_probe_ok) cudaFree(d_probe_ok);
+  if (h_probe_ok) cudaFreeHost(h_probe_ok);
+  if (h_failure) cudaFreeHost(h_failure);
+  if (last_done) cudaEventDestroy(last_done);
+  cudaSetDevice(prev);
+}
+
+void CommState::allocate_local() {
+  SWIFTQK_EXPECTS(world >= 1 && world <= kMaxWorld,
+                  "TP degree must be in [1, " + std::to_string(kMaxWorld) + "], got " +
+                      std::to_string(world));
+  SWIFTQK_EXPECTS(rank >= 0 && rank < world, "rank " + std::to_string(rank) +
+                                                 " is outside [0, " + std::to_string(world) + ")");
+  SWIFTQK_EXPECTS(config.token_capacity >= 1, "CommConfig.token_capacity must be >= 1");
+  SWIFTQK_EXPECTS(config.timeout_s > 0.0, "CommConfig.timeout_s must be > 0");
+  SWIFTQK_EXPECTS(config.sm_budget >= 0, "CommConfig.sm_budget must be >= 0 (0 = all SMs)");
+  DeviceGuard guard(device);
+  if (!allocations) allocations = std::make_shared<DeviceAllocations>();
+  local_ws = static_cast<uint8_t*>(
+      allocations->allocate(device, workspace_bytes(world, config.token_capacity)));
+  SWIFTQK_CUDA_TRY(cudaMalloc(&d_state, sizeof(CallState)));
+  SWIFTQK_CUDA_TRY(cudaMemset(d_state, 0, sizeof(CallState)));
+  SWIFTQK_CUDA_TRY(cudaMalloc(&d_failure, sizeof(FailureRecord)));
+  SWIFTQK_CUDA_TRY(cudaMemset(d_failure, 0, sizeof(FailureRecord)));
+  SWIFTQK_CUDA_TRY(
+      cudaHostAlloc(reinterpret_cast<void**>(&h_failure), sizeof(FailureRecord), cudaHostAllocMapped));
+  std::memset(h_failure, 0, sizeof(FailureRecord));
+  SWIFTQK_CUDA_TRY(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&h_failure_dev), h_failure, 0));
+  SWIFTQK_CUDA_TRY(cudaMalloc(&d_peers, sizeof(uint8_t*) * world));
+  SWIFTQK_CUDA_TRY(cudaMalloc(&d_probe_ok, sizeof(int)));
+  SWIFTQK_CUDA_TRY(cudaMallocHost(&h_probe_ok, sizeof(int)));
+  SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&last_done, cudaEventDisableTiming));
+}
+
+void CommState::upload_peers() {
+  SWIFTQK_EXPECTS(static_cast<int>(peers.size()) == world, "peer table has the wrong size");
+  DeviceGuard guard(device);
+  SWIFTQK_CUDA_TRY(
+      cudaMemcpy(d_peers, peers.data(), sizeof(uint8_t*) * world, cudaMemcpyHostToDevice));
+}
+
+void CommState::begin_launch(cudaStream_t stream) {
+  if (has_last && stream != last_stream) {
+    const cudaError_t q = cudaEventQuery(last_done);
+    if (q == cudaErrorNotReady) {
+      SWIFTQK_FAIL("communicator rank " + std::to_string(rank) +
+                   ": a launch on another stream is still in flight; one call at a time per "
+                   "communicator (synchronise the other stream first)");
+    }
+    if (q != cudaSuccess) (void)cudaGetLastError();  // e.g. recorded under capture: not knowable
+  }
+}
+
+void CommState::end_launch(cudaStream_t stream) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  SWIFTQK_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
+  if (cs == cudaStreamCaptureStatusNone) SWIFTQK_CUDA_TRY(cudaEventRecord(last_done, stream));
+  last_stream = stream;
+  has_last = cs == cudaStreamCaptureStatusNone;
+}
+
+RankArgs CommState::rank_args() const {
+  RankArgs r{};
+  r.peers = d_peers;
+  r.local_ws = local_ws;
+  r.state = d_state;
+  r.failure = d_failure;
+  r.host_failure = h_failure_dev;
+  r.rank = rank;
+  return r;
+}
+
+// P2P write test: thread j writes `round` into peer j's probe word for this rank, then every
+// thread waits for peer j's word in the local workspace.
+__global__ void probe_kernel(uint8_t* const* peers, uint8_t* local, int rank, int world,
+                             std::size_t probe_off, uint64_t round, uint64_t timeout_ns,
+                             int* ok) {
+  const int j = threadIdx.x;
+  if (j < world) {
+    uint64_t* dst = reinterpret_cast<uint64_t*>(peers[j] + probe_off) + rank;
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(dst), "l"(round) : "memory");
+  }
+  bool arrived = j >= world;
+  const uint64_t start = global_timer_ns();
+  const uint64_t* src = reinterpret_cast<const uint64_t*>(local + probe_off) + j;
+  while (!arrived) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(src) : "memory");
+    arrived = v == round;
+    if (!arrived && global_timer_ns() - start > timeout_ns) break;
+  }
+  if (!arrived) atomicExch(ok, 0);
+}
+
+}  // namespace detail
+
+using detail::CommState;
+using detail::DeviceGuard;
+
+std::string DeviceFailure::describe() const {
+  if (code == 0) return "no failure";
+  std::ostringstream s;
+  s << "rank " << rank << " timed out waiting for rank " << peer << "'s partial sums of token "
+    << token << " (expected tag " << expected_tag << ", found "
+    << (seen_tag == 0 ? std::string("nothing") : std::to_string(seen_tag))
+    << "): the peer did not make the same call (missing, different token count, widths, eps "
+       "or call sequence) or its writes never arrive";
+  return s.str();
+}
+
+Communicator::Communicator(std::unique_ptr<CommState> state) : state_(std::move(state)) {}
+Communicator::Communicator(Communicator&&) noexcept = default;
+Communicator& Communicator::operator=(Communicator&&) noexcept = default;
+Communicator::~Communicator() = default;
+
+int Communicator::rank() const { return state_->rank; }
+int Communicator::world_size() const { return state_->world; }
+int Communicator::device() const { return state_->device; }
+const CommConfig& Communicator::config() const { return state_->config; }
+detail::CommState& Communicator::state() { return *state_; }
+const detail::CommState& Communicator::state() const { return *state_; }
+
+DeviceFailure Communicator::failure() const {
+  const volatile detail::FailureRecord* h = state_->h_failure;
+  DeviceFailure f;
+  f.code = h->code;
+  if (f.code == 0) return f;
+  f.rank = h->rank;
+  f.peer = h->peer;
+  f.token = h->token;
+  f.expected_tag = h->expected_tag;
+  f.seen_tag = h->seen_tag;
+  return f;
+}
+
+void Communicator::check_error() const {
+  const DeviceFailure f = failure();
+  if (f.code != 0) SWIFTQK_FAIL("SwiftQK exchange failed: " + f.describe());
+}
+
+void Communicator::synchronize(cudaStream_t stream) const {
+  DeviceGuard guard(state_->device);
+  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
+  check_error();
+}
+
+void Communicator::reset() {
+  CommState& s = *state_;
+  DeviceGuard guard(s.device);
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  SWIFTQK_CUDA_TRY(cudaMemset(s.local_ws, 0, probe_offset(s.world, s.config.token_capacity)));
+  SWIFTQK_CUDA_TRY(cudaMemset(s.d_state, 0, sizeof(detail::CallState)));
+  SWIFTQK_CUDA_TRY(cudaMemset(s.d_failure, 0, sizeof(detail::FailureRecord)));
+  std::memset(s.h_failure, 0, sizeof(detail::FailureRecord));
+  s.has_last = false;
+}
+
+bool Communicator::probe_peers(cudaStream_t stream) {
+  CommState& s = *state_;
+  DeviceGuard guard(s.device);
+  // Nothing here may synchronise the device: peers' probe kernels are spinning meanwhile.
+  *s.h_probe_ok = 1;
+  SWIFTQK_CUDA_TRY(
+      cudaMemcpyAsync(s.d_probe_ok, s.h_probe_ok, sizeof(int), cudaMemcpyHostToDevice, stream));
+  const uint64_t round = ++s.probe_round;
+  detail::probe_kernel<<<1, 32, 0, stream>>>(
+      s.d_peers, s.local_ws, s.rank, s.world, probe_offset(s.world, s.config.token_capacity),
+      round, static_cast<uint64_t>(s.config.timeout_s * 1e9), s.d_probe_ok);
+  SWIFTQK_CUDA_TRY(cudaGetLastError());
+  SWIFTQK_CUDA_TRY(
+      cudaMemcpyAsync(s.h_probe_ok, s.d_probe_ok, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
+  const int ok = *s.h_probe_ok;
+  return ok == 1;
+}
+
+std::vector<Communicator> Communicator::create_local_group(const std::vector<int>& devices,
+                                                           const CommConfig& config) {
+  const int world = static_cast<int>(devices.size());
+  SWIFTQK_EXPECTS(world >= 1, "create_local_group: no devices given");
+  int count = 0;
+  SWIFTQK_CUDA_TRY(cudaGetDeviceCount(&count));
+  for (int d : devices) {
+    SWIFTQK_EXPECTS(d >= 0 && d < count, "create_local_group: device " + std::to_string(d) +
+                                             " does not exist (" + std::to_string(count) +
+                                             " visible)");
+  }
+  // Distinct GPUs of one process reach each other through peer access.
+  for (int a : devices) {
+    for (int b : devices) {
+      if (a == b) continue;
+      int can = 0;
+      SWIFTQK_CUDA_TRY(cudaDeviceCanAccessPeer(&can, a, b));
+      SWIFTQK_EXPECTS(can, "create_local_group: GPU " + std::to_string(a) +
+                               " cannot access GPU " + std::to_string(b) +
+                               " (no P2P); use one process per GPU with the NCCL fallback");
+      DeviceGuard guard(a);
+      const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+      } else {
+        SWIFTQK_CUDA_TRY(e);
+      }
+    }
+  }
+  auto allocations = std::make_shared<detail::DeviceAllocations>();
+  std::vector<std::unique_ptr<CommState>> states;
+  std::vector<uint8_t*> table;
+  for (int r = 0; r < world; ++r) {
+    auto s = std::make_unique<CommState>();
+    s->rank = r;
+    s->world = world;
+    s->device = devices[r];
+    s->config = config;
+    s->allocations = allocations;
+    s->allocate_local();
+    table.push_back(s->local_ws);
+    states.push_back(std::move(s));
+  }
+  std::vector<Communicator> comms;
+  for (auto& s : states) {
+    s->peers = table;
+    s->upload_peers();
+    comms.emplace_back(Communicator(std::move(s)));
+  }
+  return comms;
+}
+
+// ---- IPC two-phase bootstrap ----
+
+namespace {
+constexpr uint32_t kHandleMagic = 0x5157534bu;  // "KSWQ"
+constexpr uint32_t kHandleVersion = 1;
+
+struct HandleBlob {
+  uint32_t magic;
+  uint32_t version;
+  int32_t rank;
+  int32_t world;
+  int64_t capacity;
+  uint64_t workspace_bytes;
+  cudaIpcMemHandle_t handle;
+};
+}  // namespace
+
+IpcBootstrap::IpcBootstrap(int rank, int world_size, int device, const CommConfig& config)
+    : state_(std::make_unique<CommState>()) {
+  state_->rank = rank;
+  state_->world = world_size;
+  state_->device = device;
+  state_->config = config;
+  state_->allocate_local();
+}
+
+IpcBootstrap::~IpcBootstrap() = default;
+
+std::vector<uint8_t> IpcBootstrap::local_handle() const {
+  SWIFTQK_EXPECTS(state_ != nullptr, "IpcBootstrap: already connected");
+  HandleBlob b{};
+  b.magic = kHandleMagic;
+  b.version = kHandleVersion;
+  b.rank = state_->rank;
+  b.world = state_->world;
+  b.capacity = state_->config.token_capacity;
+  b.workspace_bytes = workspace_bytes(state_->world, state_->config.token_capacity);
+  DeviceGuard guard(state_->device);
+  SWIFTQK_CUDA_TRY(cudaIpcGetMemHandle(&b.handle, state_->local_ws));
+  std::vector<uint8_t> bytes(sizeof b);
+  std::memcpy(bytes.data(), &b, sizeof b);
+  return bytes;
+}
+
+Communicator IpcBootstrap::connect(const std::vector<std::vector<uint8_t>>& handles) {
+  SWIFTQK_EXPECTS(state_ != nullptr, "IpcBootstrap: already connected");
+  CommState& s = *state_;
+  SWIFTQK_EXPECTS(static_cast<int>(handles.size()) == s.world,
+                  "IpcBootstrap::connect: got " + std::to_string(handles.size()) +
+                      " handles for a group of " + std::to_string(s.world));
+  DeviceGuard guard(s.device);
+  s.peers.assign(s.world, nullptr);
+  for (int r = 0; r < s.world; ++r) {
+    const std::string who = "IpcBootstrap::connect: handle " + std::to_string(r);
+    SWIFTQK_EXPECTS(handles[r].size() == sizeof(HandleBlob), who + " has the wrong size");
+    HandleBlob b;
+    std::memcpy(&b, handles[r].data(), sizeof b);
+    SWIFTQK_EXPECTS(b.magic == kHandleMagic && b.version == kHandleVersion,
+                    who + " is not a SwiftQK handle of this version");
+    SWIFTQK_EXPECTS(b.rank == r, who + " belongs to rank " + std::to_string(b.rank) +
+                                     " (handles must be ordered by rank)");
+    SWIFTQK_EXPECTS(b.world == s.world, who + " is for a group of " + std::to_string(b.world) +
+                                            " ranks, this one has " + std::to_string(s.world));
+    SWIFTQK_EXPECTS(b.capacity == s.config.token_capacity,
+                    who + " has token_capacity " + std::to_string(b.capacity) + ", this rank " +
+                        std::to_string(s.config.token_capacity));
+    if (r == s.rank) {
+      s.peers[r] = s.local_ws;
+      continue;
+    }
+    void* p = nullptr;
+    SWIFTQK_CUDA_TRY(cudaIpcOpenMemHandle(&p, b.handle, cudaIpcMemLazyEnablePeerAccess));
+    s.ipc_opened.push_back(p);
+    s.peers[r] = static_cast<uint8_t*>(p);
+  }
+  s.upload_peers();
+  return Communicator(std::move(state_));
+}
+
+// ---- NCCL bootstrap ----
+
+Communicator Communicator::from_nccl(ncclComm_t nccl, const CommConfig& config,
+                                     cudaStream_t stream) {
+  SWIFTQK_EXPECTS(nccl != nullptr, "from_nccl: the NCCL communicator is null");
+  int rank = 0, world = 0, device = 0;
+  SWIFTQK_NCCL_TRY(ncclCommUserRank(nccl, &rank));
+  SWIFTQK_NCCL_TRY(ncclCommCount(nccl, &world));
+  SWIFTQK_NCCL_TRY(ncclCommCuDevice(nccl, &device));
+  IpcBootstrap boot(rank, world, device, config);
+  const std::vector<uint8_t> mine = boot.local_handle();
+  const std::size_t n = mine.size();
+  DeviceGuard guard(device);
+  uint8_t* d_buf = nullptr;
+  SWIFTQK_CUDA_TRY(cudaMalloc(&d_buf, n * (world + 1)));
+  SWIFTQK_CUDA_TRY(cudaMemcpyAsync(d_buf, mine.data(), n, cudaMemcpyHostToDevice, stream));
+  SWIFTQK_NCCL_TRY(ncclAllGather(d_buf, d_buf + n, n, ncclUint8, nccl, stream));
+  std::vector<uint8_t> all(n * world);
+  SWIFTQK_CUDA_TRY(cudaMemcpyAsync(all.data(), d_buf + n, n * world, cudaMemcpyDeviceToHost,
+                                   stream));
+  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
+  SWIFTQK_CUDA_TRY(cudaFree(d_buf));
+  std::vector<std::vector<uint8_t>> handles(world);
+  for (int r = 0; r < world; ++r) handles[r].assign(all.begin() + r * n, all.begin() + (r + 1) * n);
+  Communicator comm = boot.connect(handles);
+  // Every rank has opened its peers before any rank writes into them.
+  int* d_flag = nullptr;
+  SWIFTQK_CUDA_TRY(cudaMalloc(&d_flag, sizeof(int)));
+  SWIFTQK_NCCL_TRY(ncclAllReduce(d_flag, d_flag, 1, ncclInt32, ncclSum, nccl, stream));
+  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
+  SWIFTQK_CUDA_TRY(cudaFree(d_flag));
+  SWIFTQK_EXPECTS(comm.probe_peers(stream),
+                  "from_nccl: the P2P write test failed: peer writes did not arrive within "
+                  "timeout_s, so the fused kernel cannot run on this group");
+  return comm;
+}
+
+}  // namespace swiftqk

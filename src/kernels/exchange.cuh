@@ -1,0 +1,64 @@
+// Device side of the partial-sum exchange: system-scope slot accesses, the bounded wait's clock,
+// and failure recording. Slot layout and the reuse proof are in docs/design.md.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/launch_args.hpp"
+
+namespace swiftqk::detail {
+
+// A slot is two 64-bit words {value bits | tag << 32}. Each word is single-copy atomic, so a
+// reader that sees the expected tag in a word also sees that word's value; both words are
+// checked because the 16-byte vector access as a whole is not atomic.
+__device__ __forceinline__ void store_slot_sys(uint64_t* p, uint64_t w0, uint64_t w1) {
+  asm volatile("st.relaxed.sys.global.v2.b64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1)
+               : "memory");
+}
+
+__device__ __forceinline__ void load_slot_sys(const uint64_t* p, uint64_t& w0, uint64_t& w1) {
+  asm volatile("ld.relaxed.sys.global.v2.b64 {%0, %1}, [%2];"
+               : "=l"(w0), "=l"(w1)
+               : "l"(p)
+               : "memory");
+}
+
+__device__ __forceinline__ uint64_t pack_word(float value, uint32_t tag) {
+  return static_cast<uint64_t>(__float_as_uint(value)) | (static_cast<uint64_t>(tag) << 32);
+}
+__device__ __forceinline__ uint32_t word_tag(uint64_t w) { return static_cast<uint32_t>(w >> 32); }
+__device__ __forceinline__ float word_value(uint64_t w) {
+  return __uint_as_float(static_cast<uint32_t>(w));
+}
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
+  return *reinterpret_cast<const volatile uint32_t*>(p);
+}
+
+/// Records the first failure of this rank in device memory and in the host-mapped mirror.
+__device__ inline void record_failure(const RankArgs& ra, uint32_t code, int peer, int64_t token,
+                                      uint32_t expected, uint32_t seen) {
+  if (atomicCAS(&ra.failure->code, 0u, code) != 0u) return;
+  ra.failure->rank = ra.rank;
+  ra.failure->peer = peer;
+  ra.failure->token = token;
+  ra.failure->expected_tag = expected;
+  ra.failure->seen_tag = seen;
+  volatile FailureRecord* h = ra.host_failure;
+  h->rank = ra.rank;
+  h->peer = peer;
+  h->token = token;
+  h->expected_tag = expected;
+  h->seen_tag = seen;
+  __threadfence_system();  // details before the code the host polls
+  h->code = code;
+  __threadfence_system();
+}
+
+}  // namespace swiftqk::detail

@@ -1,0 +1,70 @@
+// The by-value argument block of one fused launch, shared by host dispatch and the kernels.
+#pragma once
+
+#include <cstdint>
+
+namespace swiftqk::detail {
+
+/// Virtual ranks one launch can serve (kept small so the block fits the 4 KB kernel parameter
+/// space; __grid_constant__ keeps it out of local memory).
+constexpr int kMaxRanksPerLaunch = 16;
+/// Largest tensor-parallel group: one lane of the polling warp watches each rank's slot.
+constexpr int kMaxWorld = 32;
+
+/// What a failed wait records; the same layout in device memory and in host-mapped memory.
+struct FailureRecord {
+  uint32_t code;  // 0 none, 1 timeout
+  int32_t rank;
+  int32_t peer;
+  uint32_t expected_tag;
+  int64_t token;
+  uint32_t seen_tag;
+  uint32_t pad;
+};
+
+/// Device-resident per-rank counters. The kernel reads `call` at entry; the last block to
+/// finish advances it, so graph replays always find the current call number on the device.
+struct CallState {
+  uint32_t call;
+  uint32_t blocks_done;
+  uint32_t probe_round;
+  uint32_t pad;
+};
+
+/// One rank's share of a launch.
+struct RankArgs {
+  const void* q_in;
+  void* q_out;
+  const void* q_w;
+  const void* k_in;
+  void* k_out;
+  const void* k_w;
+  int64_t q_in_stride, q_out_stride, k_in_stride, k_out_stride;
+  float q_in_scale, k_in_scale;
+  float* rstd_out;
+  uint8_t* const* peers;  // device table [world] of workspace bases, peers[rank] is local
+  uint8_t* local_ws;
+  CallState* state;
+  FailureRecord* failure;       // device memory, first failure wins
+  FailureRecord* host_failure;  // host-mapped mirror the host reads without synchronising
+  int rank;
+};
+
+struct LaunchArgs {
+  RankArgs r[kMaxRanksPerLaunch];
+  int num_ranks;        // ranks in this launch
+  int world;            // ranks in the group
+  int blocks_per_rank;  // blockIdx.x / blocks_per_rank picks r[]
+  int group_threads;    // threads per token row
+  int tokens_per_block;
+  int order;            // NormOrder
+  int64_t tokens;       // rows in this launch (one chunk)
+  int64_t q_width, k_width;  // local widths in elements
+  int64_t capacity;          // token slots per bank
+  float q_inv_full, k_inv_full;  // 1 / full width
+  float eps;
+  uint32_t config_hash;
+  uint64_t timeout_ns;
+};
+
+}  // namespace swiftqk::detail

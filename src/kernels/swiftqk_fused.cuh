@@ -1,0 +1,297 @@
+// The SwiftQK fused kernel: per token and rank, (A) local sums of squares of the Q and K shard
+// rows, (B) the rank's two partials pushed into every peer's slot while the weights load, then
+// a bounded wait for all peers' partials, summed in rank order, and (C) the scaled output.
+// Persistent: the grid is bounded by residency (plan_grid), each block walks tokens in
+// increasing order, so every wait is on a token some resident block will publish.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/device_types.cuh"
+#include "kernels/exchange.cuh"
+#include "kernels/launch_args.hpp"
+#include "swiftqk/plan.hpp"
+
+namespace swiftqk::detail {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+/// Element-wise output for either norm order; rs already folds in the input's dequant scale.
+template <typename Tout, bool kOlmo2>
+__device__ __forceinline__ Tout norm_element(float x, float w, float rs) {
+  if constexpr (kOlmo2) {
+    return from_float<Tout>(w * (x * rs));  // HF Olmo2: weight times fp32 product, one rounding
+  } else {
+    return from_float<Tout>(w * round_through<Tout>(x * rs));  // Llama: round, then weight
+  }
+}
+
+template <typename Tin, int VEC>
+__device__ __forceinline__ const Vec<Tin, VEC>* row_vec(const RankArgs& ra, int64_t t, int64_t i,
+                                                        int64_t nq) {
+  const Tin* p = i < nq ? static_cast<const Tin*>(ra.q_in) + t * ra.q_in_stride + i * VEC
+                        : static_cast<const Tin*>(ra.k_in) + t * ra.k_in_stride + (i - nq) * VEC;
+  return reinterpret_cast<const Vec<Tin, VEC>*>(p);
+}
+
+template <typename Tout, int VEC>
+__device__ __forceinline__ const Vec<Tout, VEC>* weight_vec(const RankArgs& ra, int64_t i,
+                                                            int64_t nq) {
+  const Tout* p = i < nq ? static_cast<const Tout*>(ra.q_w) + i * VEC
+                         : static_cast<const Tout*>(ra.k_w) + (i - nq) * VEC;
+  return reinterpret_cast<const Vec<Tout, VEC>*>(p);
+}
+
+template <typename Tout, int VEC>
+__device__ __forceinline__ Vec<Tout, VEC>* out_vec(const RankArgs& ra, int64_t t, int64_t i,
+                                                   int64_t nq) {
+  Tout* p = i < nq ? static_cast<Tout*>(ra.q_out) + t * ra.q_out_stride + i * VEC
+                   : static_cast<Tout*>(ra.k_out) + t * ra.k_out_stride + (i - nq) * VEC;
+  return reinterpret_cast<Vec<Tout, VEC>*>(p);
+}
+
+template <typename Tin, int VEC>
+__device__ __forceinline__ void accumulate(const Vec<Tin, VEC>& x, bool is_q, float& sq,
+                                           float& sk) {
+  float s = 0.f;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const float f = to_float(x.v[e]);
+    s = fmaf(f, f, s);
+  }
+  if (is_q) {
+    sq += s;
+  } else {
+    sk += s;
+  }
+}
+
+template <typename Tin, typename Tout, int VEC, bool kOlmo2>
+__device__ __forceinline__ void write_output(const RankArgs& ra, int64_t t, int64_t i, int64_t nq,
+                                             const Vec<Tin, VEC>& x, const Vec<Tout, VEC>& w,
+                                             float2 rs) {
+  const float r = i < nq ? rs.x : rs.y;
+  Vec<Tout, VEC> y;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    y.v[e] = norm_element<Tout, kOlmo2>(to_float(x.v[e]), to_float(w.v[e]), r);
+  }
+  *out_vec<Tout, VEC>(ra, t, i, nq) = y;
+}
+
+/// Phase B for one token, run by the group's first warp: publish this rank's partials to every
+/// peer, wait (bounded) for all peers' partials, and sum them in rank order 0..world-1 so that
+/// every rank gets a bitwise-identical total. Returns false if the wait failed.
+__device__ inline bool exchange_partials(const LaunchArgs& a, const RankArgs& ra, int64_t t,
+                                         uint32_t tag, uint32_t ktag, int bank, float& q,
+                                         float& k) {
+  const int lane = threadIdx.x & 31;
+  const int world = a.world;
+  const std::size_t slot = slot_offset(world, a.capacity, bank, t, ra.rank);
+  for (int j = lane; j < world; j += 32) {
+    store_slot_sys(reinterpret_cast<uint64_t*>(ra.peers[j] + slot), pack_word(q, tag),
+                   pack_word(k, ktag));
+  }
+  // Lane j watches the slot rank j writes into this rank's workspace.
+  uint64_t* mine = lane < world ? reinterpret_cast<uint64_t*>(
+                                      ra.local_ws + slot_offset(world, a.capacity, bank, t, lane))
+                                : nullptr;
+  uint64_t w0 = 0, w1 = 0;
+  bool have = lane >= world;
+  const uint64_t start = global_timer_ns();
+  for (uint32_t spin = 1;; ++spin) {
+    if (!have) {
+      load_slot_sys(mine, w0, w1);
+      have = word_tag(w0) == tag && word_tag(w1) == ktag;
+    }
+    if (__all_sync(kFullMask, have)) break;
+    if ((spin & 63u) == 0u) {
+      const bool expired = global_timer_ns() - start > a.timeout_ns;
+      const bool failed_elsewhere = load_volatile(&ra.failure->code) != 0u;
+      if (__any_sync(kFullMask, expired || failed_elsewhere)) {
+        if (expired && !have) record_failure(ra, 1u, lane, t, tag, word_tag(w0));
+        return false;
+      }
+    }
+  }
+  float tq = 0.f, tk = 0.f;
+  for (int j = 0; j < world; ++j) {
+    tq += __shfl_sync(kFullMask, word_value(w0), j);
+    tk += __shfl_sync(kFullMask, word_value(w1), j);
+  }
+  // Consumed: mark the slot empty so that only a fresh write can ever match a tag again.
+  if (lane < world) store_slot_sys(mine, 0ull, 0ull);
+  q = tq;
+  k = tk;
+  return true;
+}
+
+/// Asynchronous 16-byte global-to-shared copy (completes per thread at cp_async_wait).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/// Rows staged through shared memory: each block keeps kStages rows per group in flight.
+constexpr int kStages = 4;
+
+/// Dynamic shared memory of the staged kernel for a shape (host and device agree on it).
+constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_block) {
+  return static_cast<std::size_t>(kStages) * tokens_per_block * vectors_per_row * 16;
+}
+
+/// VPT > 0 (vector path): rows are staged through shared memory kStages tokens ahead with
+/// cp.async, so every SM keeps loads in flight while a token is reduced, exchanged and written.
+/// VPT == 0: rows are streamed twice from global memory (the second read hits L2); used for
+/// rows too wide to stage and for the scalar path.
+template <typename Tin, int VEC, int VPT, bool kOlmo2>
+__global__ void __launch_bounds__(1024)
+    swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
+  using Tout = typename OutputOf<Tin>::type;
+  using InVec = Vec<Tin, VEC>;
+  static_assert(VPT == 0 || sizeof(InVec) == 16, "staging moves 16-byte vectors");
+  extern __shared__ uint4 s_stage[];  // [kStages][tokens_per_block][n] input vectors
+  __shared__ float2 s_part[32];       // per warp: (q, k) partial sums
+  __shared__ float2 s_rstd[32];       // per group: (q, k) 1/rms times the input scale
+  __shared__ int s_abort;
+
+  const int slot_rank = blockIdx.x / a.blocks_per_rank;
+  const int lblock = blockIdx.x - slot_rank * a.blocks_per_rank;
+  const RankArgs& ra = a.r[slot_rank];
+  const int G = a.group_threads;
+  const int g = threadIdx.x / G;
+  const int gt = threadIdx.x - g * G;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int warps_per_group = G >> 5;
+  const int64_t nq = a.q_width / VEC;
+  const int64_t n = nq + a.k_width / VEC;
+  const int64_t T = a.tokens;
+
+  const uint32_t call = load_volatile(&ra.state->call);
+  const uint32_t tag = tag_for_call(call);
+  const uint32_t ktag = tag ^ a.config_hash;
+  const int bank = bank_for_call(call);
+  const int64_t step = static_cast<int64_t>(a.blocks_per_rank) * a.tokens_per_block;
+  const int64_t first = static_cast<int64_t>(lblock) * a.tokens_per_block;
+  if (threadIdx.x == 0) s_abort = 0;
+
+  // This thread's vectors of stage s (only the thread that copies a vector ever reads it, so
+  // cp_async_wait alone makes it visible; no barrier is needed for the data).
+  auto stage = [&](int s) {
+    return reinterpret_cast<InVec*>(s_stage) + (static_cast<int64_t>(s) * a.tokens_per_block + g) * n;
+  };
+  auto issue = [&](int64_t tk, int s) {
+    if constexpr (VPT > 0) {
+      if (tk < T) {
+        InVec* dst = stage(s);
+#pragma unroll
+        for (int v = 0; v < VPT; ++v) {
+          const int64_t i = gt + static_cast<int64_t>(v) * G;
+          if (i < n) cp_async16(dst + i, row_vec<Tin, VEC>(ra, tk, i, nq));
+        }
+      }
+      cp_async_commit();  // empty groups keep the group count uniform
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(first + g + s * step, s);
+
+  int it = 0;
+  for (int64_t base = first; base < T; base += step, ++it) {
+    const int64_t t = base + g;
+    const bool active = t < T;
+    const int cur = it % kStages;
+    float sq = 0.f, sk = 0.f;
+    // Phase A: local sums of squares.
+    if constexpr (VPT > 0) {
+      issue(t + (kStages - 1) * step, (it + kStages - 1) % kStages);
+      cp_async_wait<kStages - 1>();
+      const InVec* x = stage(cur);
+#pragma unroll
+      for (int v = 0; v < VPT; ++v) {
+        const int64_t i = gt + static_cast<int64_t>(v) * G;
+        if (active && i < n) accumulate<Tin, VEC>(x[i], i < nq, sq, sk);
+      }
+    } else if (active) {
+      for (int64_t i = gt; i < n; i += G) accumulate<Tin, VEC>(*row_vec<Tin, VEC>(ra, t, i, nq),
+                                                             i < nq, sq, sk);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      sq += __shfl_xor_sync(kFullMask, sq, off);
+      sk += __shfl_xor_sync(kFullMask, sk, off);
+    }
+    if (lane == 0) s_part[warp] = make_float2(sq, sk);
+    __syncthreads();
+
+    // Phase B: the group's first warp exchanges while the copies of the next kStages-1 rows
+    // (this block's and every other resident block's) stay in flight.
+    if (gt < 32 && active) {
+      float q = 0.f, k = 0.f;
+      for (int j = 0; j < warps_per_group; ++j) {
+        const float2 p = s_part[g * warps_per_group + j];
+        q += p.x;
+        k += p.y;
+      }
+      q *= ra.q_in_scale * ra.q_in_scale;
+      k *= ra.k_in_scale * ra.k_in_scale;
+      const bool ok = a.world == 1 || exchange_partials(a, ra, t, tag, ktag, bank, q, k);
+      if (!ok) {
+        if (lane == 0) s_abort = 1;
+      } else if (lane == 0) {
+        const float rq = 1.f / sqrtf(q * a.q_inv_full + a.eps);
+        const float rk = 1.f / sqrtf(k * a.k_inv_full + a.eps);
+        s_rstd[g] = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
+        if (ra.rstd_out != nullptr) {
+          ra.rstd_out[2 * t] = rq;
+          ra.rstd_out[2 * t + 1] = rk;
+        }
+      }
+    }
+    __syncthreads();
+    if (s_abort) break;
+
+    // Phase C: scale, multiply by the weight, round once (Olmo2) or twice (Llama), store.
+    if (active) {
+      const float2 rs = s_rstd[g];
+      if constexpr (VPT > 0) {
+        const InVec* x = stage(cur);
+#pragma unroll
+        for (int v = 0; v < VPT; ++v) {
+          const int64_t i = gt + static_cast<int64_t>(v) * G;
+          if (i < n) {
+            write_output<Tin, Tout, VEC, kOlmo2>(ra, t, i, nq, x[i],
+                                                 *weight_vec<Tout, VEC>(ra, i, nq), rs);
+          }
+        }
+      } else {
+        for (int64_t i = gt; i < n; i += G) {
+          write_output<Tin, Tout, VEC, kOlmo2>(ra, t, i, nq, *row_vec<Tin, VEC>(ra, t, i, nq),
+                                               *weight_vec<Tout, VEC>(ra, i, nq), rs);
+        }
+      }
+    }
+  }
+  if constexpr (VPT > 0) cp_async_wait<0>();  // no copy may land after the block exits
+
+  // The last block of this rank to finish advances the rank's call counter (device-resident,
+  // so CUDA-graph replays stay in step).
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const uint32_t prev = atomicAdd(&ra.state->blocks_done, 1u);
+    if (prev == static_cast<uint32_t>(a.blocks_per_rank) - 1u) {
+      ra.state->blocks_done = 0u;
+      ra.state->call = next_call(call);
+      __threadfence();
+    }
+  }
+}
+
+}  // namespace swiftqk::detail

@@ -1,0 +1,224 @@
+// Host side of a QK-norm launch: checks, chunking by workspace capacity, kernel choice, grid.
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "comm_state.hpp"
+#include "kernels/swiftqk_fused.cuh"
+#include "swiftqk/communicator.hpp"
+#include "swiftqk/cuda_check.hpp"
+#include "swiftqk/plan.hpp"
+
+namespace swiftqk {
+
+namespace {
+
+using detail::LaunchArgs;
+using KernelFn = void (*)(LaunchArgs);
+
+template <typename Tin, int VEC, int VPT>
+KernelFn pick_order(NormOrder o) {
+  return o == NormOrder::kOlmo2 ? detail::swiftqk_fused_kernel<Tin, VEC, VPT, true>
+                                : detail::swiftqk_fused_kernel<Tin, VEC, VPT, false>;
+}
+
+template <typename Tin, int VEC>
+KernelFn pick_vpt(int vpt, NormOrder o) {
+  switch (vpt) {
+    case 1: return pick_order<Tin, VEC, 1>(o);
+    case 2: return pick_order<Tin, VEC, 2>(o);
+    case 4: return pick_order<Tin, VEC, 4>(o);
+    default: return pick_order<Tin, VEC, 0>(o);
+  }
+}
+
+template <typename Tin>
+KernelFn pick_vec(bool vector_path, int vpt, NormOrder o) {
+  constexpr int kVec = 16 / sizeof(Tin);
+  if (vector_path) return pick_vpt<Tin, kVec>(vpt, o);
+  return pick_order<Tin, 1, 0>(o);  // the scalar path always streams
+}
+
+KernelFn pick_kernel(DType t, bool vector_path, int vpt, NormOrder o) {
+  switch (t) {
+    case DType::kF32: return pick_vec<float>(vector_path, vpt, o);
+    case DType::kF16: return pick_vec<__half>(vector_path, vpt, o);
+    case DType::kBF16: return pick_vec<__nv_bfloat16>(vector_path, vpt, o);
+    case DType::kF8E4M3: return pick_vec<__nv_fp8_e4m3>(vector_path, vpt, o);
+  }
+  SWIFTQK_FAIL("unknown dtype");
+}
+
+
+// Occupancy, asked once per kernel, block size, shared memory and device. Also raises the
+// kernel's dynamic shared-memory limit, which is per device.
+int max_blocks_per_sm(KernelFn fn, int block, std::size_t smem, int device) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, std::size_t, int>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(fn), block, smem, device);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int optin = 0;
+  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  SWIFTQK_EXPECTS(smem + 1024 <= static_cast<std::size_t>(optin),
+                  "launch: a row needs " + std::to_string(smem) +
+                      " bytes of shared memory, more than the device allows");
+  SWIFTQK_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+  int n = 0;
+  SWIFTQK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, block, smem));
+  cache[key] = n;
+  return n;
+}
+
+int sm_count(int device) {
+  static std::mutex mu;
+  static std::map<int, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  cache[device] = n;
+  return n;
+}
+
+template <typename T>
+const T* advance(const void* p, int64_t elems, std::size_t size) {
+  return reinterpret_cast<const T*>(static_cast<const uint8_t*>(p) + elems * size);
+}
+
+detail::RankArgs rank_args_for(const detail::CommState& s, const QkNormParams& p,
+                               int64_t first_token) {
+  detail::RankArgs r = s.rank_args();
+  const std::size_t is = dtype_size(p.in_dtype), os = dtype_size(output_dtype_for(p.in_dtype));
+  r.q_in = advance<uint8_t>(p.q.in, first_token * p.q.in_stride, is);
+  r.k_in = advance<uint8_t>(p.k.in, first_token * p.k.in_stride, is);
+  r.q_out = const_cast<uint8_t*>(advance<uint8_t>(p.q.out, first_token * p.q.out_stride, os));
+  r.k_out = const_cast<uint8_t*>(advance<uint8_t>(p.k.out, first_token * p.k.out_stride, os));
+  r.q_w = p.q.weight;
+  r.k_w = p.k.weight;
+  r.q_in_stride = p.q.in_stride;
+  r.q_out_stride = p.q.out_stride;
+  r.k_in_stride = p.k.in_stride;
+  r.k_out_stride = p.k.out_stride;
+  r.q_in_scale = p.q.in_scale;
+  r.k_in_scale = p.k.in_scale;
+  r.rstd_out = p.rstd_out == nullptr ? nullptr : p.rstd_out + 2 * first_token;
+  return r;
+}
+
+// Every rank in one launch must agree on what the kernel treats as launch-wide.
+void check_group_agrees(const std::vector<Communicator*>& comms,
+                        const std::vector<QkNormParams>& params) {
+  const QkNormParams& p0 = params[0];
+  const detail::CommState& s0 = comms[0]->state();
+  for (std::size_t i = 0; i < comms.size(); ++i) {
+    const QkNormParams& p = params[i];
+    const detail::CommState& s = comms[i]->state();
+    const std::string who = "launch_qk_norm_group: rank slot " + std::to_string(i);
+    SWIFTQK_EXPECTS(s.world == s0.world, who + " belongs to a group of another size");
+    SWIFTQK_EXPECTS(s.device == s0.device, who + " is on another GPU; a group launch serves "
+                                                 "virtual ranks of one GPU");
+    SWIFTQK_EXPECTS(s.config.token_capacity == s0.config.token_capacity,
+                    who + " has another token_capacity");
+    SWIFTQK_EXPECTS(p.tokens == p0.tokens && p.q_full_width == p0.q_full_width &&
+                        p.k_full_width == p0.k_full_width && p.in_dtype == p0.in_dtype &&
+                        p.order == p0.order && p.eps == p0.eps,
+                    who + " differs from slot 0 in tokens, full widths, dtype, order or eps");
+    for (std::size_t j = 0; j < i; ++j) {
+      SWIFTQK_EXPECTS(comms[j]->state().rank != s.rank ||
+                          comms[j]->state().local_ws != s.local_ws,
+                      who + " repeats a communicator");
+    }
+  }
+}
+
+void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNormParams>& params,
+                 cudaStream_t stream) {
+  SWIFTQK_EXPECTS(!comms.empty(), "launch: no communicator given");
+  SWIFTQK_EXPECTS(comms.size() == params.size(), "launch: one QkNormParams per communicator");
+  SWIFTQK_EXPECTS(static_cast<int>(comms.size()) <= detail::kMaxRanksPerLaunch,
+                  "launch_qk_norm_group: at most " + std::to_string(detail::kMaxRanksPerLaunch) +
+                      " ranks per launch");
+  for (Communicator* c : comms) SWIFTQK_EXPECTS(c != nullptr, "launch: null communicator");
+  const int world = comms[0]->world_size();
+  for (std::size_t i = 0; i < comms.size(); ++i) {
+    validate_params(params[i], world);
+    comms[i]->check_error();
+  }
+  check_group_agrees(comms, params);
+  const QkNormParams& p0 = params[0];
+  const detail::CommState& s0 = comms[0]->state();
+  const int ranks = static_cast<int>(comms.size());
+  if (p0.tokens == 0) return;  // nothing to exchange; the call counter stays put on every rank
+
+  const int64_t cap = s0.config.token_capacity;
+  SWIFTQK_EXPECTS(p0.tokens <= cap || s0.config.chunk_oversize,
+                  "launch: " + std::to_string(p0.tokens) + " tokens exceed the workspace's " +
+                      std::to_string(cap) +
+                      " (CommConfig.token_capacity) and chunk_oversize is off");
+
+  bool vector_path = true;
+  for (const QkNormParams& p : params) vector_path = vector_path && vector_bytes_for(p) == 16;
+  const int vec = vector_path ? static_cast<int>(16 / dtype_size(p0.in_dtype)) : 1;
+  const int64_t qw = p0.q_full_width / world, kw = p0.k_full_width / world;
+  const KernelShape shape = choose_kernel_shape(qw, kw, vec);
+  const KernelFn fn = pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.order);
+
+  detail::DeviceGuard guard(s0.device);
+  const std::size_t smem =
+      shape.vectors_per_thread > 0
+          ? detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block)
+          : 0;
+  const int occ = max_blocks_per_sm(fn, shape.block_threads(), smem, s0.device);
+
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (Communicator* c : comms) {
+    locks.emplace_back(c->state().launch_mutex);
+    c->state().begin_launch(stream);
+  }
+
+  LaunchArgs a{};
+  a.num_ranks = ranks;
+  a.world = world;
+  a.group_threads = shape.group_threads;
+  a.tokens_per_block = shape.tokens_per_block;
+  a.order = static_cast<int>(p0.order);
+  a.q_width = qw;
+  a.k_width = kw;
+  a.capacity = cap;
+  a.q_inv_full = 1.0f / static_cast<float>(p0.q_full_width);
+  a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
+  a.eps = p0.eps;
+  a.config_hash = config_hash(p0.q_full_width, p0.k_full_width, world, p0.eps,
+                              static_cast<int>(p0.order));
+  a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
+
+  for (int64_t first = 0; first < p0.tokens; first += cap) {
+    const int64_t chunk = std::min(cap, p0.tokens - first);
+    const GridPlan g = plan_grid(chunk, ranks, shape.tokens_per_block, occ, sm_count(s0.device),
+                                 s0.config.sm_budget);
+    a.tokens = chunk;
+    a.blocks_per_rank = g.blocks_per_rank;
+    for (int i = 0; i < ranks; ++i) a.r[i] = rank_args_for(comms[i]->state(), params[i], first);
+    fn<<<g.grid(), shape.block_threads(), smem, stream>>>(a);
+    SWIFTQK_CUDA_TRY(cudaGetLastError());
+  }
+  for (Communicator* c : comms) c->state().end_launch(stream);
+}
+
+}  // namespace
+
+void launch_qk_norm(Communicator& comm, const QkNormParams& p, cudaStream_t stream) {
+  launch_impl({&comm}, {p}, stream);
+}
+
+void launch_qk_norm_group(const std::vector<Communicator*>& comms,
+                          const std::vector<QkNormParams>& params, cudaStream_t stream) {
+  launch_impl(comms, params, stream);
+}
+
+}  // namespace swiftqk

@@ -1,0 +1,83 @@
+#include "swiftqk/plan.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "swiftqk/error.hpp"
+
+namespace swiftqk {
+
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int round_up_32(int64_t v) { return static_cast<int>(ceil_div(v, 32) * 32); }
+}  // namespace
+
+KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems) {
+  SWIFTQK_EXPECTS(vec_elems >= 1 && q_width % vec_elems == 0 && k_width % vec_elems == 0,
+                  "choose_kernel_shape: widths must be multiples of the vector size");
+  const int64_t n = q_width / vec_elems + k_width / vec_elems;
+  SWIFTQK_EXPECTS(n > 0, "choose_kernel_shape: empty rows");
+  KernelShape s;
+  s.vec_elems = vec_elems;
+  if (vec_elems == 1 || n > kMaxStagedVectors) {
+    // Streaming: each thread walks its vectors twice; ~8 per thread keeps the group small.
+    s.vectors_per_thread = 0;
+    s.group_threads = std::min(1024, std::max(32, round_up_32(ceil_div(n, 8))));
+  } else if (n <= 32 * 4) {
+    // Narrow rows (high TP degree): one warp per token, up to 4 vectors each, and several
+    // tokens per block so a block still moves a useful amount of data.
+    s.group_threads = 32;
+    s.vectors_per_thread = n <= 32 ? 1 : (n <= 64 ? 2 : 4);
+  } else {
+    // Four 16-byte vectors per thread; the group grows with the row, in whole warps, so few
+    // threads idle.
+    s.vectors_per_thread = 4;
+    s.group_threads = round_up_32(ceil_div(n, 4));
+  }
+  s.tokens_per_block = std::max(1, 256 / s.group_threads);
+  return s;
+}
+
+GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_blocks_per_sm,
+                   int sm_count, int sm_budget) {
+  SWIFTQK_EXPECTS(ranks >= 1 && tokens_per_block >= 1 && sm_count >= 1,
+                  "plan_grid: ranks, tokens_per_block and sm_count must be positive");
+  SWIFTQK_EXPECTS(sm_budget >= 0, "plan_grid: sm_budget must be >= 0 (0 = all SMs)");
+  SWIFTQK_EXPECTS(max_blocks_per_sm >= 1,
+                  "plan_grid: the kernel cannot be resident on an SM (occupancy 0)");
+  const int sms = sm_budget == 0 ? sm_count : std::min(sm_budget, sm_count);
+  const int64_t resident = static_cast<int64_t>(max_blocks_per_sm) * sms;
+  const int64_t per_rank_cap = resident / ranks;
+  SWIFTQK_EXPECTS(per_rank_cap >= 1, "plan_grid: " + std::to_string(ranks) +
+                                         " ranks in one launch need at least one resident block "
+                                         "each, but only " + std::to_string(resident) +
+                                         " fit in the SM budget");
+  GridPlan g;
+  g.ranks = ranks;
+  const int64_t wanted = std::max<int64_t>(1, ceil_div(tokens, tokens_per_block));
+  g.blocks_per_rank = static_cast<int>(std::min(wanted, per_rank_cap));
+  return g;
+}
+
+uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps,
+                     int order) {
+  // FNV-1a over the values every rank must agree on.
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  };
+  uint32_t eps_bits;
+  std::memcpy(&eps_bits, &eps, sizeof eps_bits);
+  mix(static_cast<uint64_t>(q_full_width));
+  mix(static_cast<uint64_t>(k_full_width));
+  mix(static_cast<uint64_t>(world));
+  mix(eps_bits);
+  mix(static_cast<uint64_t>(order));
+  return static_cast<uint32_t>(h ^ (h >> 32)) | 0x80000000u;
+}
+
+}  // namespace swiftqk

@@ -1,0 +1,135 @@
+// Argument checks run before any launch: a bad call throws and writes nothing.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "swiftqk/error.hpp"
+#include "swiftqk/qk_norm_params.hpp"
+
+namespace swiftqk {
+
+namespace {
+
+// Byte extent of a strided [rows, width] tensor: [lo, hi).
+struct Extent {
+  uintptr_t lo, hi, stride_bytes, row_bytes;
+  int64_t rows;
+};
+
+Extent extent_of(const void* p, int64_t rows, int64_t width, int64_t stride, std::size_t elem) {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t hi = lo + (static_cast<uintptr_t>(rows - 1) * stride + width) * elem;
+  return {lo, hi, static_cast<uintptr_t>(stride) * elem, static_cast<uintptr_t>(width) * elem,
+          rows};
+}
+
+// True if two strided tensors share a byte. Equal strides (views of one fused buffer) are
+// compared column-wise modulo the stride; otherwise the byte ranges must not meet.
+bool overlaps(const Extent& a, const Extent& b) {
+  if (a.hi <= b.lo || b.hi <= a.lo) return false;
+  if (a.stride_bytes != b.stride_bytes || a.rows < 2) return true;
+  const uintptr_t s = a.stride_bytes;
+  const uintptr_t d = (b.lo >= a.lo ? b.lo - a.lo : s - (a.lo - b.lo) % s) % s;
+  // b's columns occupy [d, d + row_b) modulo s; a's occupy [0, row_a).
+  const bool disjoint = d >= a.row_bytes && d + b.row_bytes <= s;
+  return !disjoint;
+}
+
+void check_shard(const char* name, const ShardView& v, int64_t tokens, int64_t full_width,
+                 int world, DType in_t, DType out_t) {
+  const std::string n(name);
+  SWIFTQK_EXPECTS(full_width > 0, n + "_full_width must be positive, got " +
+                                      std::to_string(full_width));
+  SWIFTQK_EXPECTS(full_width % world == 0,
+                  n + "_full_width " + std::to_string(full_width) +
+                      " is not divisible by the TP degree " + std::to_string(world));
+  SWIFTQK_EXPECTS(v.width == full_width / world,
+                  n + ".width is " + std::to_string(v.width) + " but " + n + "_full_width / TP = " +
+                      std::to_string(full_width / world));
+  SWIFTQK_EXPECTS(v.in_stride >= v.width, n + ".in_stride " + std::to_string(v.in_stride) +
+                                              " is smaller than the width " +
+                                              std::to_string(v.width));
+  SWIFTQK_EXPECTS(v.out_stride >= v.width, n + ".out_stride " + std::to_string(v.out_stride) +
+                                               " is smaller than the width " +
+                                               std::to_string(v.width));
+  SWIFTQK_EXPECTS(std::isfinite(v.in_scale) && v.in_scale > 0.f,
+                  n + ".in_scale must be finite and positive");
+  SWIFTQK_EXPECTS(in_t == DType::kF8E4M3 || v.in_scale == 1.f,
+                  n + ".in_scale applies to fp8 inputs only; it must be 1 for " + to_string(in_t));
+  if (tokens == 0) return;
+  SWIFTQK_EXPECTS(v.in != nullptr, n + ".in is null");
+  SWIFTQK_EXPECTS(v.out != nullptr, n + ".out is null");
+  SWIFTQK_EXPECTS(v.weight != nullptr, n + ".weight is null");
+  auto aligned = [](const void* p, std::size_t a) {
+    return reinterpret_cast<uintptr_t>(p) % a == 0;
+  };
+  SWIFTQK_EXPECTS(aligned(v.in, dtype_size(in_t)),
+                  n + ".in is not aligned to its element size (" + to_string(in_t) + ")");
+  SWIFTQK_EXPECTS(aligned(v.out, dtype_size(out_t)),
+                  n + ".out is not aligned to its element size (" + to_string(out_t) + ")");
+  SWIFTQK_EXPECTS(aligned(v.weight, dtype_size(out_t)),
+                  n + ".weight is not aligned to its element size (" + to_string(out_t) + ")");
+}
+
+}  // namespace
+
+void validate_params(const QkNormParams& p, int world) {
+  SWIFTQK_EXPECTS(world >= 1, "TP degree must be >= 1");
+  SWIFTQK_EXPECTS(p.tokens >= 0, "tokens must be >= 0, got " + std::to_string(p.tokens));
+  SWIFTQK_EXPECTS(std::isfinite(p.eps) && p.eps > 0.f,
+                  "eps must be finite and > 0, got " + std::to_string(p.eps));
+  SWIFTQK_EXPECTS(p.order == NormOrder::kOlmo2 || p.order == NormOrder::kLlama,
+                  "order must be NormOrder::kOlmo2 or NormOrder::kLlama");
+  const int dt = static_cast<int>(p.in_dtype);
+  SWIFTQK_EXPECTS(dt >= 0 && dt <= 3, "in_dtype is not a DType");
+  const DType out_t = output_dtype_for(p.in_dtype);
+  check_shard("q", p.q, p.tokens, p.q_full_width, world, p.in_dtype, out_t);
+  check_shard("k", p.k, p.tokens, p.k_full_width, world, p.in_dtype, out_t);
+  if (p.tokens == 0) return;
+
+  const std::size_t is = dtype_size(p.in_dtype), os = dtype_size(out_t);
+  const Extent qi = extent_of(p.q.in, p.tokens, p.q.width, p.q.in_stride, is);
+  const Extent ki = extent_of(p.k.in, p.tokens, p.k.width, p.k.in_stride, is);
+  const Extent qo = extent_of(p.q.out, p.tokens, p.q.width, p.q.out_stride, os);
+  const Extent ko = extent_of(p.k.out, p.tokens, p.k.width, p.k.out_stride, os);
+  const Extent qw = extent_of(p.q.weight, 1, p.q.width, p.q.width, os);
+  const Extent kw = extent_of(p.k.weight, 1, p.k.width, p.k.width, os);
+  // In place is allowed when an output is exactly its input; any other overlap is an error.
+  auto same = [&](const ShardView& v) {
+    return v.in == v.out && v.in_stride == v.out_stride && is == os;
+  };
+  SWIFTQK_EXPECTS(same(p.q) || !overlaps(qo, qi),
+                  "q.out partly overlaps q.in (in place needs the same pointer and stride)");
+  SWIFTQK_EXPECTS(same(p.k) || !overlaps(ko, ki),
+                  "k.out partly overlaps k.in (in place needs the same pointer and stride)");
+  SWIFTQK_EXPECTS(!overlaps(qo, ko), "q.out and k.out overlap");
+  SWIFTQK_EXPECTS(!overlaps(qo, ki), "q.out overlaps k.in");
+  SWIFTQK_EXPECTS(!overlaps(ko, qi), "k.out overlaps q.in");
+  for (const Extent* o : {&qo, &ko}) {
+    SWIFTQK_EXPECTS(!overlaps(*o, qw) && !overlaps(*o, kw), "an output overlaps a weight");
+  }
+  if (p.rstd_out != nullptr) {
+    SWIFTQK_EXPECTS(reinterpret_cast<uintptr_t>(p.rstd_out) % alignof(float) == 0,
+                    "rstd_out is not aligned to 4 bytes");
+    const Extent r = extent_of(p.rstd_out, 1, 2 * p.tokens, 2 * p.tokens, sizeof(float));
+    for (const Extent* o : {&qo, &ko, &qi, &ki, &qw, &kw}) {
+      SWIFTQK_EXPECTS(!overlaps(*o, r), "rstd_out overlaps an input, output or weight");
+    }
+  }
+}
+
+int vector_bytes_for(const QkNormParams& p) {
+  const std::size_t is = dtype_size(p.in_dtype), os = dtype_size(output_dtype_for(p.in_dtype));
+  const int64_t vec = static_cast<int64_t>(16 / is);
+  auto ok = [&](const ShardView& v) {
+    auto al = [](const void* ptr, std::size_t a) {
+      return reinterpret_cast<uintptr_t>(ptr) % a == 0;
+    };
+    const std::size_t out_align = std::min<std::size_t>(16, vec * os);
+    return v.width % vec == 0 && v.in_stride % vec == 0 && v.out_stride % vec == 0 &&
+           al(v.in, 16) && al(v.out, out_align) && al(v.weight, out_align);
+  };
+  return ok(p.q) && ok(p.k) ? 16 : static_cast<int>(is);
+}
+
+}  // namespace swiftqk

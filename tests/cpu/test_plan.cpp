@@ -1,0 +1,397 @@
+// Tests for launch planning: kernel shapes, persistent grids, slot layout, call tags and banks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "swiftqk/error.hpp"
+#include "swiftqk/plan.hpp"
+
+namespace swiftqk {
+namespace {
+
+// Runs fn, which must throw swiftqk::Error whose what() contains `needle`.
+template <typename Fn>
+::testing::AssertionResult ThrowsErrorWith(Fn&& fn, const std::string& needle) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << "what() = \"" << what << "\" lacks \"" << needle << "\"";
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "threw a non-swiftqk exception: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "did not throw";
+}
+
+// ---------------------------------------------------------------- choose_kernel_shape
+
+struct Widths {
+  int64_t q, k;
+};
+
+// Full (all-rank) Q/K widths of real models plus odd ones.
+const std::vector<Widths> kFullWidths = {
+    {2048, 2048}, {4096, 4096}, {5120, 5120}, {5120, 1024},
+    {6144, 1024}, {1000, 200},  {4100, 12},   {130000, 8},
+};
+const std::vector<int> kTp = {1, 2, 4, 8};
+// bf16 (16 B / 2), f32 (16 B / 4), fp8 (16 B / 1) and the scalar path.
+const std::vector<int> kVec = {8, 4, 16, 1};
+
+// Checks every invariant the kernel relies on; returns a description of the first violation.
+::testing::AssertionResult ShapeIsValid(const KernelShape& s, int64_t qw, int64_t kw, int vec) {
+  const int64_t n = qw / vec + kw / vec;
+  auto fail = [&]() {
+    return ::testing::AssertionFailure()
+           << "q " << qw << " k " << kw << " vec " << vec << " (n = " << n << " vectors): vpt "
+           << s.vectors_per_thread << " group " << s.group_threads << " tokens/block "
+           << s.tokens_per_block << ": ";
+  };
+  if (s.vec_elems != vec) return fail() << "vec_elems " << s.vec_elems;
+  if (s.group_threads < 32 || s.group_threads % 32 != 0) return fail() << "group not whole warps";
+  if (s.group_threads > 1024) return fail() << "group > 1024";
+  if (s.tokens_per_block < 1) return fail() << "tokens_per_block < 1";
+  if (s.block_threads() > 1024) return fail() << "block_threads > 1024";
+  if (s.block_threads() != s.group_threads * s.tokens_per_block) return fail() << "block_threads";
+  // Shared arrays in the kernel hold 32 warps and 32 groups per block.
+  if (s.tokens_per_block > 32) return fail() << "more than 32 groups in a block";
+  const bool streaming = vec == 1 || n > kMaxStagedVectors;
+  if (streaming != (s.vectors_per_thread == 0)) return fail() << "streaming choice wrong";
+  if (!streaming) {
+    const int vpt = s.vectors_per_thread;
+    if (vpt != 1 && vpt != 2 && vpt != 4) return fail() << "vectors_per_thread not in {1,2,4}";
+    if (static_cast<int64_t>(s.group_threads) * vpt < n) return fail() << "row does not fit";
+    // Four stages of the block's rows must fit the 227 KB of shared memory a block may use.
+    if (4 * 16 * n * s.tokens_per_block > 200 * 1024) return fail() << "staged rows too large";
+    // No whole warp of the group holds nothing.
+    if (static_cast<int64_t>(s.group_threads - 32) * vpt >= n) return fail() << "idle warp";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ChooseKernelShape, AllModelShapesAndTpDegrees) {
+  int checked = 0, rejected = 0;
+  for (const Widths& full : kFullWidths) {
+    for (int tp : kTp) {
+      if (full.q % tp != 0 || full.k % tp != 0) continue;  // validate_params rejects these
+      const int64_t qw = full.q / tp, kw = full.k / tp;
+      for (int vec : kVec) {
+        SCOPED_TRACE("full " + std::to_string(full.q) + "/" + std::to_string(full.k) + " TP " +
+                     std::to_string(tp) + " vec " + std::to_string(vec));
+        if (qw % vec != 0 || kw % vec != 0) {
+          EXPECT_TRUE(ThrowsErrorWith([&] { choose_kernel_shape(qw, kw, vec); },
+                                      "multiples of the vector size"));
+          ++rejected;
+          continue;
+        }
+        EXPECT_TRUE(ShapeIsValid(choose_kernel_shape(qw, kw, vec), qw, kw, vec));
+        ++checked;
+      }
+    }
+  }
+  // The scalar path takes every shape, so each (shape, TP) that divides is checked at least once.
+  EXPECT_GT(checked, 80);
+  EXPECT_GT(rejected, 0);
+}
+
+TEST(ChooseKernelShape, KnownShapes) {
+  // bf16, 4096/1024 at TP 2: 2048 + 512 elements = 320 vectors, 4 a thread, 80 -> 96 threads.
+  KernelShape s = choose_kernel_shape(2048, 512, 8);
+  EXPECT_EQ(s.vectors_per_thread, 4);
+  EXPECT_EQ(s.group_threads, 96);
+  EXPECT_EQ(s.tokens_per_block, 2);
+  // Narrow rows at TP 8: 256 + 128 bf16 elements = 48 vectors, one warp, 2 vectors a thread.
+  s = choose_kernel_shape(256, 128, 8);
+  EXPECT_EQ(s.group_threads, 32);
+  EXPECT_EQ(s.vectors_per_thread, 2);
+  EXPECT_EQ(s.tokens_per_block, 8);
+  // 130000 + 8 scalar elements stream, 1024 threads a row.
+  s = choose_kernel_shape(130000, 8, 1);
+  EXPECT_EQ(s.vectors_per_thread, 0);
+  EXPECT_EQ(s.group_threads, 1024);
+  EXPECT_EQ(s.block_threads(), 1024);
+}
+
+TEST(ChooseKernelShape, BoundariesOfEachRegime) {
+  // n = vectors per row; the q/k split does not matter, only the total.
+  for (int64_t n : {1,   2,   31,  32,  33,   63,   64,   65,   127,  128,   129,
+                    130, 255, 256, 257, 1000, 2047, 2048, 2049, 4096, 100000}) {
+    for (int64_t q : {int64_t{0}, n / 2, n - 1}) {
+      if (q < 0 || n - q <= 0) continue;
+      for (int vec : kVec) {
+        SCOPED_TRACE("n " + std::to_string(n) + " q " + std::to_string(q) + " vec " +
+                     std::to_string(vec));
+        const KernelShape s = choose_kernel_shape(q * vec, (n - q) * vec, vec);
+        EXPECT_TRUE(ShapeIsValid(s, q * vec, (n - q) * vec, vec));
+      }
+    }
+  }
+  EXPECT_EQ(choose_kernel_shape(2048 * 8, 0, 8).vectors_per_thread, 4);
+  EXPECT_EQ(choose_kernel_shape(2048 * 8, 0, 8).group_threads, 512);
+  EXPECT_EQ(choose_kernel_shape(2048 * 8, 8, 8).vectors_per_thread, 0);
+  // The scalar path always streams, about 8 elements a thread, in whole warps.
+  EXPECT_EQ(choose_kernel_shape(32, 0, 1).vectors_per_thread, 0);
+  EXPECT_EQ(choose_kernel_shape(256, 0, 1).group_threads, 32);
+  EXPECT_EQ(choose_kernel_shape(257, 0, 1).group_threads, 64);
+  EXPECT_EQ(choose_kernel_shape(1 << 20, 0, 1).group_threads, 1024);
+  // Staged rows: 1, 2 or 4 vectors a thread by row length.
+  EXPECT_EQ(choose_kernel_shape(32 * 8, 0, 8).vectors_per_thread, 1);
+  EXPECT_EQ(choose_kernel_shape(33 * 8, 0, 8).vectors_per_thread, 2);
+  EXPECT_EQ(choose_kernel_shape(65 * 8, 0, 8).vectors_per_thread, 4);
+  EXPECT_EQ(choose_kernel_shape(128 * 8, 0, 8).group_threads, 32);
+  EXPECT_EQ(choose_kernel_shape(129 * 8, 0, 8).group_threads, 64);
+}
+
+TEST(ChooseKernelShape, BadArgumentsThrow) {
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(2048, 100, 8); }, "multiples"));
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(2044, 1024, 8); }, "multiples"));
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(2048, 1024, 0); }, "vector size"));
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(2048, 1024, -8); }, "vector size"));
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(0, 0, 8); }, "empty rows"));
+  EXPECT_THROW(choose_kernel_shape(12, 4, 8), Error);
+}
+
+// ---------------------------------------------------------------- plan_grid
+
+TEST(PlanGrid, NeverExceedsResidency) {
+  int planned = 0, refused = 0;
+  for (int64_t tokens : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{64}, int64_t{1000},
+                         int64_t{100000}, int64_t{1} << 40}) {
+    for (int ranks : {1, 2, 4, 8}) {
+      for (int tpb : {1, 2, 8}) {
+        for (int occ : {1, 2, 4, 16}) {
+          for (int sms : {1, 8, 132}) {
+            for (int budget : {0, 1, 4, 132, 1000}) {
+              SCOPED_TRACE("tokens " + std::to_string(tokens) + " ranks " + std::to_string(ranks) +
+                           " tpb " + std::to_string(tpb) + " occ " + std::to_string(occ) + " sms " +
+                           std::to_string(sms) + " budget " + std::to_string(budget));
+              const int64_t usable = budget == 0 ? sms : std::min(budget, sms);
+              const int64_t resident = static_cast<int64_t>(occ) * usable;
+              if (resident < ranks) {
+                EXPECT_TRUE(ThrowsErrorWith(
+                    [&] { plan_grid(tokens, ranks, tpb, occ, sms, budget); }, "resident"));
+                ++refused;
+                continue;
+              }
+              const GridPlan g = plan_grid(tokens, ranks, tpb, occ, sms, budget);
+              ++planned;
+              EXPECT_EQ(g.ranks, ranks);
+              EXPECT_GE(g.blocks_per_rank, 1);
+              EXPECT_EQ(g.grid(), g.ranks * g.blocks_per_rank);
+              EXPECT_LE(g.grid(), resident);
+              // No more blocks than there are token groups (at least one).
+              const int64_t wanted = std::max<int64_t>(1, (tokens + tpb - 1) / tpb);
+              EXPECT_LE(g.blocks_per_rank, wanted);
+              // And as many as residency allows otherwise.
+              EXPECT_EQ(g.blocks_per_rank, std::min(wanted, resident / ranks));
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(planned, 0);
+  EXPECT_GT(refused, 0);
+}
+
+TEST(PlanGrid, ZeroTokensStillOneBlockPerRank) {
+  for (int ranks : {1, 2, 8}) {
+    const GridPlan g = plan_grid(0, ranks, 4, 2, 132, 0);
+    EXPECT_EQ(g.blocks_per_rank, 1);
+    EXPECT_EQ(g.grid(), ranks);
+  }
+}
+
+TEST(PlanGrid, BudgetClampsToSmCount) {
+  EXPECT_EQ(plan_grid(1 << 20, 1, 1, 2, 132, 1000).grid(), 264);
+  EXPECT_EQ(plan_grid(1 << 20, 1, 1, 2, 132, 0).grid(), 264);
+  EXPECT_EQ(plan_grid(1 << 20, 2, 1, 2, 132, 8).grid(), 16);
+  EXPECT_EQ(plan_grid(1 << 20, 2, 1, 2, 132, 8).blocks_per_rank, 8);
+  // 3 ranks, 16 resident blocks: 5 each, one resident slot unused.
+  EXPECT_EQ(plan_grid(1 << 20, 3, 1, 2, 132, 8).blocks_per_rank, 5);
+}
+
+TEST(PlanGrid, BudgetTooSmallForOneBlockPerRankThrows) {
+  // 8 ranks need 8 resident blocks; 4 SMs x 1 block hold 4.
+  EXPECT_TRUE(ThrowsErrorWith([] { plan_grid(64, 8, 1, 1, 132, 4); },
+                              "8 ranks in one launch need at least one resident block each"));
+  EXPECT_TRUE(ThrowsErrorWith([] { plan_grid(64, 8, 1, 1, 132, 4); }, "only 4 fit"));
+  EXPECT_TRUE(ThrowsErrorWith([] { plan_grid(64, 4, 1, 1, 2, 0); }, "resident"));
+  EXPECT_NO_THROW(plan_grid(64, 8, 1, 2, 132, 4));
+}
+
+TEST(PlanGrid, BadArgumentsThrow) {
+  EXPECT_TRUE(ThrowsErrorWith([] { plan_grid(64, 2, 1, 0, 132, 0); }, "occupancy 0"));
+  EXPECT_TRUE(ThrowsErrorWith([] { plan_grid(64, 0, 1, 2, 132, 0); }, "must be positive"));
+  EXPECT_TRUE(ThrowsErrorWith([] { plan_grid(64, 2, 0, 2, 132, 0); }, "must be positive"));
+  EXPECT_TRUE(ThrowsErrorWith([] { plan_grid(64, 2, 1, 2, 0, 0); }, "must be positive"));
+  EXPECT_TRUE(ThrowsErrorWith([] { plan_grid(64, 2, 1, 2, 132, -1); }, "sm_budget"));
+}
+
+// ---------------------------------------------------------------- slot layout
+
+static_assert(slot_offset(2, 4, 0, 0, 0) == 0, "first slot at 0");
+static_assert(slot_offset(2, 4, 0, 0, 1) == 16, "sources of a token are adjacent");
+static_assert(slot_offset(2, 4, 0, 1, 0) == 32, "tokens follow each other");
+static_assert(slot_offset(2, 4, 1, 0, 0) == 2 * 4 * 16, "bank 1 after bank 0");
+static_assert(probe_offset(2, 4) == 2 * 2 * 4 * 16, "probe after both banks");
+static_assert(workspace_bytes(2, 4) == probe_offset(2, 4) + 16, "8 probe bytes per rank");
+
+TEST(SlotLayout, InjectiveContiguousAndInsideTheWorkspace) {
+  for (int world : {1, 2, 3, 4, 8}) {
+    for (int64_t capacity : {1, 2, 3, 17, 64}) {
+      SCOPED_TRACE("world " + std::to_string(world) + " capacity " + std::to_string(capacity));
+      std::set<std::size_t> seen;
+      std::size_t max_end = 0;
+      for (int bank = 0; bank < kSlotBanks; ++bank) {
+        for (int64_t t = 0; t < capacity; ++t) {
+          for (int src = 0; src < world; ++src) {
+            const std::size_t off = slot_offset(world, capacity, bank, t, src);
+            ASSERT_TRUE(seen.insert(off).second) << "bank " << bank << " t " << t << " src " << src;
+            ASSERT_EQ(off % kSlotBytes, 0u);  // 16-byte vector accesses
+            const std::size_t expect =
+                ((static_cast<std::size_t>(bank) * capacity + t) * world + src) * kSlotBytes;
+            ASSERT_EQ(off, expect);
+            if (src + 1 < world) {
+              ASSERT_EQ(slot_offset(world, capacity, bank, t, src + 1), off + kSlotBytes);
+            }
+            max_end = std::max(max_end, off + kSlotBytes);
+          }
+          // A token's world slots are one contiguous run of world * 16 bytes.
+          ASSERT_EQ(slot_offset(world, capacity, bank, t, world - 1),
+                    slot_offset(world, capacity, bank, t, 0) + (world - 1) * kSlotBytes);
+        }
+      }
+      EXPECT_EQ(seen.size(), static_cast<std::size_t>(kSlotBanks * capacity * world));
+      // Dense: the slots exactly fill [0, probe_offset).
+      EXPECT_EQ(max_end, probe_offset(world, capacity));
+      EXPECT_EQ(max_end, static_cast<std::size_t>(kSlotBanks * capacity * world) * kSlotBytes);
+      EXPECT_GE(probe_offset(world, capacity),
+                slot_offset(world, capacity, kSlotBanks - 1, capacity - 1, world - 1) + kSlotBytes);
+      EXPECT_EQ(probe_offset(world, capacity) % 8, 0u);
+      EXPECT_EQ(workspace_bytes(world, capacity),
+                probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- call tags and banks
+
+TEST(CallTags, NeverZeroAndWrapsAt2To30) {
+  for (uint32_t c = 0; c < (1u << 16); ++c) ASSERT_NE(tag_for_call(c), 0u) << c;
+  for (uint32_t c = 0x3fff0000u; c <= 0x3fffffffu; ++c) ASSERT_NE(tag_for_call(c), 0u) << c;
+  // Any 32-bit counter value (the counter is kept below 2^30, but the tag masks anyway).
+  for (uint64_t c = 0; c <= 0xffffffffull; c += 0x10001ull) {
+    ASSERT_NE(tag_for_call(static_cast<uint32_t>(c)), 0u) << c;
+    ASSERT_LE(tag_for_call(static_cast<uint32_t>(c)), 1u << 30) << c;
+  }
+  EXPECT_EQ(tag_for_call(0), 1u);
+  EXPECT_EQ(tag_for_call(0x3fffffffu), 0x40000000u);
+  EXPECT_EQ(next_call(0x3fffffffu), 0u);
+  EXPECT_EQ(next_call(0), 1u);
+}
+
+TEST(CallTags, BankAlternatesAndTagsDifferAcrossTheWrap) {
+  for (uint32_t start : {0u, 1u, 12345u, 0x3ffffff0u, 0x3ffffffdu, 0x3ffffffeu, 0x3fffffffu}) {
+    uint32_t c = start;
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t c1 = next_call(c), c2 = next_call(c1);
+      SCOPED_TRACE("call " + std::to_string(c));
+      EXPECT_LT(c1, 1u << 30);
+      EXPECT_NE(bank_for_call(c), bank_for_call(c1));
+      EXPECT_EQ(bank_for_call(c), bank_for_call(c2));
+      EXPECT_NE(tag_for_call(c), tag_for_call(c1));
+      EXPECT_NE(tag_for_call(c1), tag_for_call(c2));
+      EXPECT_NE(tag_for_call(c), tag_for_call(c2));
+      c = c1;
+    }
+  }
+  // Walk through the wrap explicitly.
+  uint32_t c = 0x3ffffffdu;
+  std::vector<uint32_t> seen;
+  for (int i = 0; i < 6; ++i) {
+    seen.push_back(c);
+    c = next_call(c);
+  }
+  EXPECT_EQ(seen, (std::vector<uint32_t>{0x3ffffffdu, 0x3ffffffeu, 0x3fffffffu, 0u, 1u, 2u}));
+  for (std::size_t i = 1; i < seen.size(); ++i) {
+    EXPECT_NE(bank_for_call(seen[i]), bank_for_call(seen[i - 1])) << i;
+  }
+}
+
+TEST(ConfigHash, TopBitSetDeterministicAndSensitive) {
+  const uint32_t h = config_hash(4096, 1024, 2, 1e-6f, 0);
+  EXPECT_EQ(h & 0x80000000u, 0x80000000u);
+  EXPECT_EQ(h, config_hash(4096, 1024, 2, 1e-6f, 0));
+  EXPECT_NE(h, config_hash(4096 + 2, 1024, 2, 1e-6f, 0));
+  EXPECT_NE(h, config_hash(5120, 1024, 2, 1e-6f, 0));
+  EXPECT_NE(h, config_hash(4096, 1024 + 2, 2, 1e-6f, 0));
+  EXPECT_NE(h, config_hash(4096, 512, 2, 1e-6f, 0));
+  EXPECT_NE(h, config_hash(1024, 4096, 2, 1e-6f, 0));  // q and k swapped
+  EXPECT_NE(h, config_hash(4096, 1024, 4, 1e-6f, 0));
+  EXPECT_NE(h, config_hash(4096, 1024, 1, 1e-6f, 0));
+  EXPECT_NE(h, config_hash(4096, 1024, 2, 1e-5f, 0));
+  EXPECT_NE(h, config_hash(4096, 1024, 2, 1.0000001e-6f, 0));
+  EXPECT_NE(h, config_hash(4096, 1024, 2, 1e-6f, 1));
+
+  // Every hash over a grid of configurations has its top bit set; distinct inputs rarely collide.
+  std::set<uint32_t> hashes;
+  int configs = 0;
+  for (int64_t q : {2048, 4096, 5120, 6144, 1000}) {
+    for (int64_t k : {8, 1024, 4096, 5120}) {
+      for (int world : {1, 2, 4, 8}) {
+        for (float eps : {1e-5f, 1e-6f, 1e-8f}) {
+          for (int order : {0, 1}) {
+            const uint32_t x = config_hash(q, k, world, eps, order);
+            ASSERT_EQ(x >> 31, 1u);
+            ASSERT_EQ(x, config_hash(q, k, world, eps, order));
+            hashes.insert(x);
+            ++configs;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(static_cast<int>(hashes.size()), configs);
+}
+
+TEST(ConfigHash, KTagIsNeverZeroNorAPlainTag) {
+  std::vector<uint32_t> hashes;
+  for (int64_t q : {2048, 4096, 5120}) {
+    for (int world : {1, 2, 8}) {
+      for (int order : {0, 1}) hashes.push_back(config_hash(q, 1024, world, 1e-6f, order));
+    }
+  }
+  // The claim is structural: every tag is in [1, 2^30] (top bit clear) and every hash has its
+  // top bit set, so tag ^ hash has its top bit set. Check it over the ends of the tag range and
+  // a stride through the middle.
+  std::vector<uint32_t> tags;
+  for (uint32_t t = 1; t <= (1u << 16); ++t) tags.push_back(t);
+  for (uint32_t t = (1u << 30) - (1u << 16); t <= (1u << 30); ++t) tags.push_back(t);
+  for (uint32_t t = 1; t <= (1u << 30); t += 4099) tags.push_back(t);
+  for (uint32_t h : hashes) {
+    for (uint32_t t : tags) {
+      const uint32_t kt = t ^ h;
+      ASSERT_NE(kt, 0u) << "tag " << t << " hash " << h;
+      ASSERT_GT(kt, 1u << 30) << "tag " << t << " hash " << h;  // so never a plain tag
+      ASSERT_EQ(kt ^ h, t);
+    }
+  }
+  // And via the real call->tag map at the wrap.
+  for (uint32_t h : hashes) {
+    for (uint32_t c = 0x3ffffff0u; c != 0x10u; c = next_call(c)) {
+      ASSERT_NE(tag_for_call(c) ^ h, 0u);
+      ASSERT_NE(tag_for_call(c) ^ h, tag_for_call(c));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace swiftqk

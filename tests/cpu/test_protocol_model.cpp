@@ -1,0 +1,510 @@
+// A CPU model of the kernel's partial-sum exchange (src/kernels/swiftqk_fused.cuh,
+// exchange_partials and the call-counter advance at the end of swiftqk_fused_kernel), with one
+// std::thread per rank and short-lived worker threads per call standing in for the rank's blocks.
+// It shows that reusing the two slot banks across consecutive calls is safe while ranks drift
+// apart, including across the wrap of the 30-bit call counter, and, with deliberately broken
+// variants, that the model does detect a broken protocol.
+//
+// What is modelled, as in the kernel:
+//  - Each rank owns a workspace of kSlotBanks x capacity x world slots laid out by slot_offset();
+//    a slot is two 64-bit words {value bits | tag << 32} accessed with relaxed atomics (the
+//    kernel's st/ld.relaxed.sys of single-copy-atomic 64-bit words).
+//  - Each rank keeps its own call counter from first_call; call c uses tag_for_call(c),
+//    ktag = tag ^ config_hash(...) and bank_for_call(c). Calls of 0 tokens are skipped on every
+//    rank without touching the counter (launch.cu returns before launching).
+//  - A call's tokens are split over W workers ("blocks") as the kernel does: worker b handles
+//    tokens b, b + W, ... in increasing order. Per token a worker publishes the rank's (q, k)
+//    partials into slot [bank][t][rank] of EVERY rank (itself included), waits with a deadline
+//    for all world slots [bank][t][*] of its own workspace to carry (tag, ktag), sums them in rank
+//    order 0..world-1 in float, and clears its own slots to 0.
+//  - When all workers of a rank have been joined (the kernel has finished), the counter advances
+//    with next_call(). W is drawn per rank and call: ranks need not agree on it.
+//  - A kernel launch boundary orders everything a rank did in call c before what it does in call
+//    c + 1, for observers on other GPUs too. The model states this with a fence at the start and
+//    at the end of every worker; the slot accesses themselves stay relaxed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "swiftqk/plan.hpp"
+
+namespace swiftqk {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Knobs {
+  int world = 2;
+  int calls = 2000;         // host-level calls, including the 0-token ones
+  int64_t capacity = 12;    // slots per bank; tokens per call are drawn from [0, capacity]
+  int max_workers = 3;      // "blocks" per rank and call, drawn from [1, max_workers]
+  uint32_t first_call = 0;  // initial value of every rank's device call counter
+  uint64_t seed = 1;
+  bool random_delays = true;
+  std::chrono::milliseconds deadline{10000};  // per token wait; a hang fails instead
+  // Broken variants (negative controls); the defaults are the real protocol.
+  int fixed_tokens = -1;       // >= 0: every call has this many tokens
+  bool two_banks = true;       // false: every call uses bank 0
+  bool clear_slots = true;     // false: consumed slots keep their contents
+  uint32_t tag_period = 0;     // > 0: tag = tag_for_call(call % tag_period), i.e. tags are reused
+  int skip_rank = -1;          // this rank advances its counter an extra time ...
+  int skip_at = -1;            // ... before its first call with tokens at or after skip_at
+  int other_config_rank = -1;  // this rank hashes another eps into its k tags
+  int slow_rank = -1;          // this rank sleeps slow_us ...
+  int slow_us = 0;
+  bool slow_before_publish = false;  // ... before publishing a token (else before reading)
+};
+
+struct Outcome {
+  int64_t exchanges = 0;            // tokens summed successfully, over all ranks
+  int64_t wrong_sums = 0;           // sums that differ from the independent expectation
+  int64_t timeouts = 0;             // waits that ran past the deadline
+  int64_t run_ahead = 0;            // calls started while another rank had not finished the last
+  int64_t writes_into_lagging = 0;  // publishes into a rank still in its previous call
+  int64_t lag_violations = 0;       // a rank found another two calls behind (impossible)
+  std::string first_failure;
+};
+
+// Deterministic, call-dependent partial sums of squares: nonnegative floats with full mantissas.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+float partial(uint64_t seed, int call_index, int64_t token, int rank, int which) {
+  const uint64_t h = splitmix64(seed ^ splitmix64((static_cast<uint64_t>(call_index) << 24) ^
+                                                  (static_cast<uint64_t>(token) << 5) ^
+                                                  (static_cast<uint64_t>(rank) << 1) ^
+                                                  static_cast<uint64_t>(which)));
+  return static_cast<float>(h >> 40) * (100.0f / 16777216.0f) + 0.001f;
+}
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint64_t pack_word(float value, uint32_t tag) {
+  return static_cast<uint64_t>(float_bits(value)) | (static_cast<uint64_t>(tag) << 32);
+}
+uint32_t word_tag(uint64_t w) { return static_cast<uint32_t>(w >> 32); }
+float word_value(uint64_t w) { return bits_float(static_cast<uint32_t>(w)); }
+
+class Model {
+ public:
+  explicit Model(const Knobs& k) : k_(k), finished_(k.world) {
+    words_ = workspace_bytes(k.world, k.capacity) / 8;
+    for (int r = 0; r < k.world; ++r) {
+      ws_.emplace_back(new std::atomic<uint64_t>[words_]);
+      for (std::size_t i = 0; i < words_; ++i) ws_.back()[i].store(0, std::memory_order_relaxed);
+      finished_[r].store(0, std::memory_order_relaxed);
+    }
+  }
+
+  Outcome Run() {
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < k_.world; ++r) ranks.emplace_back([this, r] { RankMain(r); });
+    for (std::thread& t : ranks) t.join();
+    Outcome o;
+    o.exchanges = exchanges_.load();
+    o.wrong_sums = wrong_sums_.load();
+    o.timeouts = timeouts_.load();
+    o.run_ahead = run_ahead_.load();
+    o.writes_into_lagging = writes_into_lagging_.load();
+    o.lag_violations = lag_violations_.load();
+    o.first_failure = first_failure_;
+    return o;
+  }
+
+ private:
+  // Index of the first 64-bit word of slot [bank][token][src] in a rank's workspace.
+  std::size_t word_index(int bank, int64_t token, int src) const {
+    return slot_offset(k_.world, k_.capacity, bank, token, src) / 8;
+  }
+
+  void Fail(std::atomic<int64_t>& counter, const std::string& what) {
+    counter.fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (first_failure_.empty()) first_failure_ = what;
+    }
+    abort_.store(true);  // like the kernel's failure record: every other waiter gives up
+  }
+
+  void MaybeDelay(std::mt19937_64& rng, int one_in, int max_us) {
+    if (!k_.random_delays) return;
+    const uint64_t x = rng();
+    if (x % one_in != 0) return;
+    if ((x >> 32) % 4 == 0) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(1 + (x >> 40) % max_us));
+    }
+  }
+
+  void RankMain(int r) {
+    std::mt19937_64 host_rng(k_.seed);  // the same sequence on every rank: they agree on T
+    std::mt19937_64 rank_rng(splitmix64(k_.seed * 977 + r));
+    const uint32_t hash =
+        config_hash(4096, 1024, k_.world, r == k_.other_config_rank ? 1e-5f : 1e-6f, 0);
+    uint32_t call = k_.first_call;
+    int64_t done = 0;  // calls of this rank that exchanged something
+    bool skipped = false;
+    for (int i = 0; i < k_.calls && !abort_.load(); ++i) {
+      const uint64_t draw = host_rng();
+      const int64_t tokens =
+          k_.fixed_tokens >= 0
+              ? k_.fixed_tokens
+              : (draw % 8 == 0 ? 0 : 1 + static_cast<int64_t>((draw >> 8) % k_.capacity));
+      if (tokens == 0) continue;  // the host returns early: no launch, no counter advance
+      if (r == k_.skip_rank && i >= k_.skip_at && !skipped) {
+        call = next_call(call);  // a rank that missed a launch the others made
+        skipped = true;
+      }
+
+      // Progress bookkeeping: a peer may still be in our previous call (run-ahead), never in an
+      // earlier one (lag violation).
+      for (int o = 0; o < k_.world; ++o) {
+        if (o == r) continue;
+        const int64_t f = finished_[o].load(std::memory_order_relaxed);
+        if (f < done) run_ahead_.fetch_add(1, std::memory_order_relaxed);
+        if (f < done - 1) lag_violations_.fetch_add(1, std::memory_order_relaxed);
+      }
+
+      const uint32_t tag = tag_for_call(k_.tag_period > 0 ? call % k_.tag_period : call);
+      const uint32_t ktag = tag ^ hash;
+      const int bank = k_.two_banks ? bank_for_call(call) : 0;
+      const int workers = 1 + static_cast<int>(rank_rng() % k_.max_workers);
+      std::vector<std::thread> blocks;
+      for (int b = 0; b < workers; ++b) {
+        const uint64_t worker_seed = rank_rng();
+        blocks.emplace_back([this, r, i, done, tokens, b, workers, tag, ktag, bank, worker_seed] {
+          Worker(r, i, done, tokens, b, workers, tag, ktag, bank, worker_seed);
+        });
+      }
+      for (std::thread& t : blocks) t.join();
+      // The kernel has finished: the last block advanced the counter.
+      finished_[r].store(done + 1, std::memory_order_relaxed);
+      ++done;
+      call = next_call(call);
+      MaybeDelay(rank_rng, 16, 300);
+    }
+  }
+
+  void Worker(int r, int call_index, int64_t done, int64_t tokens, int b, int workers, uint32_t tag,
+              uint32_t ktag, int bank, uint64_t seed) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // kernel start
+    std::mt19937_64 rng(seed);
+    const int world = k_.world;
+    std::atomic<uint64_t>* mine = ws_[r].get();
+    std::vector<uint64_t> w0(world), w1(world);
+    std::vector<char> have(world);
+    for (int64_t t = b; t < tokens && !abort_.load(std::memory_order_relaxed); t += workers) {
+      const float q = partial(k_.seed, call_index, t, r, 0);
+      const float k = partial(k_.seed, call_index, t, r, 1);
+      if (r == k_.slow_rank && k_.slow_before_publish) {
+        std::this_thread::sleep_for(std::chrono::microseconds(k_.slow_us));
+      }
+      MaybeDelay(rng, 48, 200);
+
+      // Publish into every rank's slot [bank][t][r], own workspace included.
+      const std::size_t slot = word_index(bank, t, r);
+      for (int j = 0; j < world; ++j) {
+        if (j != r && finished_[j].load(std::memory_order_relaxed) < done) {
+          writes_into_lagging_.fetch_add(1, std::memory_order_relaxed);
+        }
+        ws_[j][slot].store(pack_word(q, tag), std::memory_order_relaxed);
+        ws_[j][slot + 1].store(pack_word(k, ktag), std::memory_order_relaxed);
+        if (j + 1 < world) MaybeDelay(rng, 96, 100);  // peers see the publish at different times
+      }
+      if (r == k_.slow_rank && !k_.slow_before_publish) {
+        std::this_thread::sleep_for(std::chrono::microseconds(k_.slow_us));
+      }
+      MaybeDelay(rng, 48, 200);
+
+      // Bounded wait: "lane" j keeps slot [bank][t][j] once both its tags match.
+      std::fill(have.begin(), have.end(), 0);
+      int missing = world;
+      const Clock::time_point start = Clock::now();
+      for (uint32_t spin = 1; missing > 0; ++spin) {
+        for (int j = 0; j < world; ++j) {
+          if (have[j]) continue;
+          const std::size_t s = word_index(bank, t, j);
+          w0[j] = mine[s].load(std::memory_order_relaxed);
+          w1[j] = mine[s + 1].load(std::memory_order_relaxed);
+          if (word_tag(w0[j]) == tag && word_tag(w1[j]) == ktag) {
+            have[j] = 1;
+            --missing;
+          }
+        }
+        if (missing == 0) break;
+        std::this_thread::yield();
+        if ((spin & 63u) == 0u) {
+          if (abort_.load(std::memory_order_relaxed)) return;
+          if (Clock::now() - start > k_.deadline) {
+            std::ostringstream os;
+            os << "rank " << r << " call #" << call_index << " token " << t << " waited past "
+               << k_.deadline.count() << " ms for tags (" << tag << ", " << ktag << "):";
+            for (int j = 0; j < world; ++j) {
+              if (!have[j]) {
+                os << " rank " << j << "'s slot has tags (" << word_tag(w0[j]) << ", "
+                   << word_tag(w1[j]) << ")";
+              }
+            }
+            Fail(timeouts_, os.str());
+            return;
+          }
+        }
+      }
+
+      // Sum in rank order and compare bitwise with an independent evaluation.
+      float tq = 0.f, tk = 0.f, eq = 0.f, ek = 0.f;
+      for (int j = 0; j < world; ++j) {
+        tq += word_value(w0[j]);
+        tk += word_value(w1[j]);
+        eq += partial(k_.seed, call_index, t, j, 0);
+        ek += partial(k_.seed, call_index, t, j, 1);
+      }
+      if (float_bits(tq) != float_bits(eq) || float_bits(tk) != float_bits(ek)) {
+        std::ostringstream os;
+        os << "rank " << r << " call #" << call_index << " token " << t << ": sum (" << tq << ", "
+           << tk << ") expected (" << eq << ", " << ek << ")";
+        Fail(wrong_sums_, os.str());
+        return;
+      }
+      exchanges_.fetch_add(1, std::memory_order_relaxed);
+      MaybeDelay(rng, 48, 200);  // a slow clear must not erase a peer's next write
+
+      if (k_.clear_slots) {
+        for (int j = 0; j < world; ++j) {
+          const std::size_t s = word_index(bank, t, j);
+          mine[s].store(0, std::memory_order_relaxed);
+          mine[s + 1].store(0, std::memory_order_relaxed);
+        }
+      }
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // kernel end
+  }
+
+  const Knobs k_;
+  std::size_t words_ = 0;
+  std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> ws_;
+  std::vector<std::atomic<int64_t>> finished_;  // calls with tokens each rank has completed
+  std::atomic<bool> abort_{false};
+  std::atomic<int64_t> exchanges_{0}, wrong_sums_{0}, timeouts_{0}, run_ahead_{0},
+      writes_into_lagging_{0}, lag_violations_{0};
+  std::mutex mu_;
+  std::string first_failure_;
+};
+
+// Expected number of successful exchanges: every rank sums every token of every call.
+int64_t ExpectedExchanges(const Knobs& k) {
+  std::mt19937_64 host_rng(k.seed);
+  int64_t n = 0;
+  for (int i = 0; i < k.calls; ++i) {
+    const uint64_t draw = host_rng();
+    n += k.fixed_tokens >= 0
+             ? k.fixed_tokens
+             : (draw % 8 == 0 ? 0 : 1 + static_cast<int64_t>((draw >> 8) % k.capacity));
+  }
+  return n * k.world;
+}
+
+void ExpectCorrect(const Knobs& k) {
+  const Clock::time_point t0 = Clock::now();
+  const Outcome o = Model(k).Run();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(o.wrong_sums, 0) << o.first_failure;
+  EXPECT_EQ(o.timeouts, 0) << o.first_failure;
+  EXPECT_EQ(o.lag_violations, 0);
+  EXPECT_EQ(o.exchanges, ExpectedExchanges(k));
+  // The interleavings that matter did happen: ranks started a call while a peer was still in
+  // the previous one, and wrote into its workspace meanwhile.
+  if (k.random_delays && k.world > 1) {
+    EXPECT_GT(o.run_ahead, 0);
+    EXPECT_GT(o.writes_into_lagging, 0);
+  }
+  std::cout << "[ model    ] world " << k.world << ", " << k.calls << " calls from 0x" << std::hex
+            << k.first_call << std::dec << ": " << o.exchanges << " exchanges, run-ahead "
+            << o.run_ahead << ", writes into a lagging rank " << o.writes_into_lagging << ", "
+            << secs << " s\n";
+}
+
+// ---------------------------------------------------------------- the real protocol
+
+TEST(ProtocolModel, World2) {
+  Knobs k;
+  k.world = 2;
+  k.calls = 2000;
+  ExpectCorrect(k);
+}
+
+TEST(ProtocolModel, World4) {
+  Knobs k;
+  k.world = 4;
+  k.calls = 2000;
+  k.seed = 2;
+  ExpectCorrect(k);
+}
+
+TEST(ProtocolModel, World8) {
+  Knobs k;
+  k.world = 8;
+  k.calls = 2000;
+  k.max_workers = 2;
+  k.seed = 3;
+  ExpectCorrect(k);
+}
+
+TEST(ProtocolModel, CounterWrapsAt2To30) {
+  for (int world : {2, 4}) {
+    Knobs k;
+    k.world = world;
+    k.calls = 400;
+    k.first_call = 0x3ffffff0u;
+    k.seed = 4 + world;
+    ExpectCorrect(k);
+  }
+}
+
+TEST(ProtocolModel, OneTokenCallsAndOneSlotCapacity) {
+  // The tightest reuse: each call writes the same single slot of its bank.
+  Knobs k;
+  k.world = 4;
+  k.calls = 1500;
+  k.capacity = 1;
+  k.seed = 7;
+  ExpectCorrect(k);
+}
+
+TEST(ProtocolModel, ClearingMakesReusedTagsSafe) {
+  // Tags that repeat every other call (as after the 2^30 wrap, only sooner) are still safe,
+  // because a consumed slot is cleared and only a fresh write can match again.
+  Knobs k;
+  k.world = 4;
+  k.calls = 800;
+  k.tag_period = 2;
+  k.seed = 8;
+  ExpectCorrect(k);
+}
+
+// ---------------------------------------------------------------- negative controls
+
+// The schedules the negative controls force, shared with the positive runs below.
+Knobs ReaderDawdlesSchedule() {
+  // Rank 1 publishes, then sleeps before reading: rank 0 finishes the call and starts the next
+  // one while rank 1 still has to read the slot rank 0 wrote.
+  Knobs k;
+  k.world = 2;
+  k.calls = 20;
+  k.fixed_tokens = 1;
+  k.max_workers = 1;
+  k.random_delays = false;
+  k.slow_rank = 1;
+  k.slow_us = 5000;
+  return k;
+}
+
+Knobs WriterDawdlesSchedule() {
+  // Rank 1 sleeps before each publish: rank 0 reaches a call's wait before rank 1 has written.
+  Knobs k = ReaderDawdlesSchedule();
+  k.fixed_tokens = 2;
+  k.slow_before_publish = true;
+  return k;
+}
+
+TEST(ProtocolModel, ForcedSchedulesPassWithTheRealProtocol) {
+  for (const Knobs& k : {ReaderDawdlesSchedule(), WriterDawdlesSchedule()}) {
+    Knobs slow = k;
+    slow.max_workers = 2;
+    for (const Knobs& x : {k, slow}) {
+      const Outcome o = Model(x).Run();
+      EXPECT_EQ(o.wrong_sums + o.timeouts, 0) << o.first_failure;
+      EXPECT_EQ(o.exchanges, ExpectedExchanges(x));
+    }
+  }
+  // Under the reader-dawdles schedule rank 0 does write its next call into rank 1's workspace
+  // while rank 1 is still reading the previous call.
+  const Outcome o = Model(ReaderDawdlesSchedule()).Run();
+  EXPECT_GT(o.writes_into_lagging, 0);
+}
+
+Outcome RunBroken(Knobs k) {
+  k.deadline = std::chrono::milliseconds(200);
+  const Clock::time_point t0 = Clock::now();
+  const Outcome o = Model(k).Run();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  std::cout << "[ detected ] " << (o.first_failure.empty() ? "nothing" : o.first_failure) << "\n";
+  return o;
+}
+
+TEST(ProtocolModelNegative, SingleBankLetsAFastRankOverwriteAnUnreadSlot) {
+  // One bank: rank 0's next call overwrites, in rank 1's workspace, the slot rank 1 has not read.
+  Knobs k = ReaderDawdlesSchedule();
+  k.two_banks = false;
+  const Outcome o = RunBroken(k);
+  EXPECT_GT(o.timeouts, 0);
+}
+
+TEST(ProtocolModelNegative, SingleBankWithRepeatedTagsGivesAWrongSum) {
+  // With one bank and one tag for every call, the overwritten slot even matches: rank 1 sums
+  // rank 0's partial of the next call.
+  Knobs k = ReaderDawdlesSchedule();
+  k.two_banks = false;
+  k.tag_period = 1;
+  const Outcome o = RunBroken(k);
+  EXPECT_GT(o.wrong_sums, 0);
+}
+
+TEST(ProtocolModelNegative, NoClearingWithRepeatedTagsReadsAStaleSlot) {
+  // Tags repeat every other call and slots are not cleared: a reader two calls later finds the
+  // slow rank's old partial under the matching tag and sums it.
+  Knobs k = WriterDawdlesSchedule();
+  k.clear_slots = false;
+  k.tag_period = 2;
+  const Outcome o = RunBroken(k);
+  EXPECT_GT(o.wrong_sums, 0);
+}
+
+TEST(ProtocolModelNegative, RankThatSkipsACallIsDetected) {
+  Knobs k;
+  k.world = 4;
+  k.calls = 200;
+  k.skip_rank = 2;
+  k.skip_at = 20;
+  k.seed = 11;
+  const Outcome o = RunBroken(k);
+  EXPECT_GT(o.timeouts, 0);
+  EXPECT_EQ(o.wrong_sums, 0);
+}
+
+TEST(ProtocolModelNegative, RankWithAnotherConfigIsDetected) {
+  // Same call tags, different eps: the k-word tag differs, so nobody accepts the slot.
+  Knobs k;
+  k.world = 2;
+  k.calls = 20;
+  k.other_config_rank = 1;
+  const Outcome o = RunBroken(k);
+  EXPECT_GT(o.timeouts, 0);
+  EXPECT_EQ(o.exchanges, 0);
+}
+
+}  // namespace
+}  // namespace swiftqk

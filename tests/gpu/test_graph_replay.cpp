@@ -1,0 +1,106 @@
+// CUDA-graph capture and many replays at varying token counts: the call counter lives on the
+// device, so replays must stay correct long after capture.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "problem.hpp"
+
+namespace swiftqk::testing {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
+
+// One graph per token count (as engines capture one per batch size), replayed interleaved,
+// with fresh inputs before every replay and an eager call mixed in.
+void replay_test(int world, NormOrder order, int replays) {
+  const int64_t q_width = 5120, k_width = 1024;
+  CommConfig cfg;
+  cfg.timeout_s = 10.0;
+  auto comms = Communicator::create_local_group(std::vector<int>(world, 0), cfg);
+  std::vector<Communicator*> cp;
+  for (auto& c : comms) cp.push_back(&c);
+  cudaStream_t s;
+  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  const std::vector<int64_t> token_counts = {1, 7, 64, 513};
+  std::map<int64_t, Problem> problems;
+  std::map<int64_t, std::vector<RankData>> data;
+  std::map<int64_t, cudaGraphExec_t> graphs;
+  for (int64_t t : token_counts) {
+    problems.emplace(t, Problem::random(t, q_width, k_width, DType::kBF16, order, 1e-6f, t));
+    auto& ranks = data[t];
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(make_rank(problems.at(t), world, r, Layout::kSeparate));
+    }
+    std::vector<QkNormParams> pp;
+    for (auto& d : ranks) pp.push_back(d.params);
+    cudaGraph_t g;
+    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    launch_qk_norm_group(cp, pp, s);
+    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(s, &g));
+    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&graphs[t], g, 0));
+    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+  }
+  for (int i = 0; i < replays; ++i) {
+    const int64_t t = token_counts[(i * 7 + i / 3) % token_counts.size()];
+    Problem& p = problems.at(t);
+    auto& ranks = data.at(t);
+    p.refill(1000 + i);
+    for (int r = 0; r < world; ++r) {
+      upload_inputs(p, world, r, ranks[r], s);
+      poison(ranks[r], s);
+    }
+    if (i % 5 == 4) {  // an eager call between replays advances the same device counter
+      std::vector<QkNormParams> pp;
+      for (auto& d : ranks) pp.push_back(d.params);
+      launch_qk_norm_group(cp, pp, s);
+    } else {
+      SWIFTQK_CUDA_TRY(cudaGraphLaunch(graphs.at(t), s));
+    }
+    for (auto& c : comms) c.synchronize(s);
+    std::vector<RankData*> rp;
+    for (auto& d : ranks) rp.push_back(&d);
+    const Check chk = check_ranks(p, world, rp);
+    ASSERT_EQ(chk.wrong, 0) << "replay " << i << " tokens " << t << ": " << chk.first_error;
+    ASSERT_TRUE(chk.rstd_identical) << "replay " << i;
+  }
+  // Many more replays without checking each, then one checked: no drift of the counters.
+  const int64_t t = 64;
+  for (int i = 0; i < 2000; ++i) SWIFTQK_CUDA_TRY(cudaGraphLaunch(graphs.at(t), s));
+  Problem& p = problems.at(t);
+  p.refill(99);
+  for (int r = 0; r < world; ++r) {
+    upload_inputs(p, world, r, data.at(t)[r], s);
+    poison(data.at(t)[r], s);
+  }
+  SWIFTQK_CUDA_TRY(cudaGraphLaunch(graphs.at(t), s));
+  for (auto& c : comms) c.synchronize(s);
+  std::vector<RankData*> rp;
+  for (auto& d : data.at(t)) rp.push_back(&d);
+  EXPECT_EQ(check_ranks(p, world, rp).wrong, 0);
+  for (auto& [k, g] : graphs) SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(g));
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s));
+}
+
+TEST(GraphReplay, Tp1Olmo2) {
+  REQUIRE_GPU();
+  replay_test(1, NormOrder::kOlmo2, 40);
+}
+TEST(GraphReplay, Tp2Llama) {
+  REQUIRE_GPU();
+  replay_test(2, NormOrder::kLlama, 60);
+}
+TEST(GraphReplay, Tp4Olmo2) {
+  REQUIRE_GPU();
+  replay_test(4, NormOrder::kOlmo2, 60);
+}
+TEST(GraphReplay, Tp8Olmo2) {
+  REQUIRE_GPU();
+  replay_test(8, NormOrder::kOlmo2, 60);
+}
+
+}  // namespace
+}  // namespace swiftqk::testing

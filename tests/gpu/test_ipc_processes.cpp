@@ -1,0 +1,76 @@
+// Real separate processes, one per rank, sharing the GPU through CUDA IPC (they time-slice, so
+// this checks correctness, not speed).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "problem.hpp"
+
+extern char** environ;
+
+namespace swiftqk::testing {
+namespace {
+
+// The worker sits beside this test binary (the build tree may have moved since it was built).
+std::string worker_path() {
+  if (const char* env = std::getenv("SWIFTQK_IPC_WORKER")) return env;
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "swiftqk_ipc_worker")
+      .string();
+}
+
+int run_group(int world, int64_t tokens, int calls) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("swiftqk_ipc_" + std::to_string(getpid()) + "_" + std::to_string(world));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> args = {worker_path(), std::to_string(r), std::to_string(world),
+                                     dir, std::to_string(tokens), std::to_string(calls)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return -1;
+    pids.push_back(pid);
+  }
+  int failures = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  for (pid_t pid : pids) {
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (pid_t q : pids) kill(q, SIGKILL);
+        waitpid(pid, &status, 0);
+        ++failures;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+  }
+  std::filesystem::remove_all(dir);
+  return failures;
+}
+
+TEST(IpcProcesses, TwoRanks) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  EXPECT_EQ(run_group(2, 96, 6), 0);
+}
+
+TEST(IpcProcesses, FourRanks) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  EXPECT_EQ(run_group(4, 33, 4), 0);
+}
+
+}  // namespace
+}  // namespace swiftqk::testing

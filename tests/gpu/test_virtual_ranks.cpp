@@ -1,0 +1,143 @@
+// N virtual ranks on one GPU against the float64 reference: model shapes, odd shapes, token
+// counts from 0 to beyond the workspace, dtypes, norm orders, layouts, both launch styles.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "problem.hpp"
+
+namespace swiftqk::testing {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
+
+enum class Launch { kGroup, kPerRankStreams };
+
+struct Case {
+  int world;
+  int64_t tokens, q_width, k_width;
+  DType in;
+  NormOrder order;
+  Layout layout = Layout::kSeparate;
+  Launch launch = Launch::kGroup;
+  int64_t capacity = 16384;
+  float eps = 1e-6f;
+};
+
+std::string name_of(const Case& c) {
+  return "tp" + std::to_string(c.world) + "_t" + std::to_string(c.tokens) + "_q" +
+         std::to_string(c.q_width) + "_k" + std::to_string(c.k_width) + "_" + to_string(c.in) +
+         "_" + to_string(c.order) + "_layout" + std::to_string(static_cast<int>(c.layout)) +
+         (c.launch == Launch::kGroup ? "_group" : "_streams");
+}
+
+// Runs `calls` consecutive calls with fresh inputs each, checking every one.
+void run_case(const Case& c, int calls = 2) {
+  CommConfig cfg;
+  cfg.token_capacity = c.capacity;
+  cfg.timeout_s = 10.0;
+  if (c.launch == Launch::kPerRankStreams) {
+    // Separate concurrent launches must all be resident at once: split the SMs between them.
+    int sms = 0;
+    SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cfg.sm_budget = std::max(1, sms / c.world);
+  }
+  auto comms = Communicator::create_local_group(std::vector<int>(c.world, 0), cfg);
+  Problem p = Problem::random(c.tokens, c.q_width, c.k_width, c.in, c.order, c.eps, 1234);
+  std::vector<RankData> ranks;
+  for (int r = 0; r < c.world; ++r) ranks.push_back(make_rank(p, c.world, r, c.layout));
+  std::vector<cudaStream_t> streams(c.world);
+  for (auto& s : streams) SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  for (int call = 0; call < calls; ++call) {
+    p.refill(77 + call);
+    for (int r = 0; r < c.world; ++r) {
+      upload_inputs(p, c.world, r, ranks[r], nullptr);
+      poison(ranks[r], nullptr);
+    }
+    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    if (c.launch == Launch::kGroup) {
+      std::vector<Communicator*> cp;
+      std::vector<QkNormParams> pp;
+      for (int r = 0; r < c.world; ++r) {
+        cp.push_back(&comms[r]);
+        pp.push_back(ranks[r].params);
+      }
+      launch_qk_norm_group(cp, pp, streams[0]);
+    } else {
+      for (int r = 0; r < c.world; ++r) launch_qk_norm(comms[r], ranks[r].params, streams[r]);
+    }
+    for (int r = 0; r < c.world; ++r) comms[r].synchronize(streams[r]);
+    std::vector<RankData*> rp;
+    for (auto& d : ranks) rp.push_back(&d);
+    const Check chk = check_ranks(p, c.world, rp);
+    EXPECT_EQ(chk.wrong, 0) << name_of(c) << " call " << call << ": " << chk.first_error;
+    EXPECT_TRUE(chk.rstd_identical) << name_of(c) << ": ranks used different scales";
+  }
+  for (auto& s : streams) SWIFTQK_CUDA_TRY(cudaStreamDestroy(s));
+}
+
+class ModelShapes : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ModelShapes, MatchesFloat64Reference) {
+  REQUIRE_GPU();
+  run_case(GetParam());
+}
+
+std::vector<Case> model_cases() {
+  // DESIGN.md section 2: OLMoE, OLMo2-7B/Olmo3-7B, OLMo2-13B, OLMo3-32B, MiniMax-M2.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {2048, 2048}, {4096, 4096}, {5120, 5120}, {5120, 1024}, {6144, 1024}};
+  std::vector<Case> v;
+  for (auto [q, k] : shapes) {
+    for (int world : {1, 2, 4, 8}) {
+      if (k % world != 0) continue;
+      for (int64_t t : {1, 64, 333}) {
+        for (NormOrder o : {NormOrder::kOlmo2, NormOrder::kLlama}) {
+          v.push_back({world, t, q, k, DType::kBF16, o});
+        }
+      }
+    }
+  }
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Design, ModelShapes, ::testing::ValuesIn(model_cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+std::vector<Case> odd_cases() {
+  std::vector<Case> v;
+  for (DType dt : {DType::kF16, DType::kF32, DType::kF8E4M3}) {
+    for (int world : {1, 2, 8}) v.push_back({world, 100, 4096, 1024, dt, NormOrder::kOlmo2});
+    v.push_back({4, 50, 5120, 1024, dt, NormOrder::kLlama});
+  }
+  // Token counts: none, one, many, and more than the workspace holds (chunked launches).
+  v.push_back({2, 0, 4096, 4096, DType::kBF16, NormOrder::kOlmo2});
+  v.push_back({4, 16500, 2048, 2048, DType::kBF16, NormOrder::kOlmo2});
+  v.push_back({2, 5000, 1024, 512, DType::kBF16, NormOrder::kLlama, Layout::kSeparate,
+               Launch::kGroup, 1024});
+  // Widths that are not powers of two, nor multiples of the vector size (scalar path).
+  v.push_back({2, 37, 1000, 200, DType::kBF16, NormOrder::kOlmo2});
+  v.push_back({4, 37, 4100, 12, DType::kF32, NormOrder::kLlama});
+  v.push_back({3, 21, 3 * 129, 3 * 7, DType::kF16, NormOrder::kOlmo2});
+  v.push_back({1, 9, 40000, 1000, DType::kBF16, NormOrder::kOlmo2});  // streaming path
+  v.push_back({2, 9, 131072, 2048, DType::kBF16, NormOrder::kLlama});
+  // Views into a fused QKV projection output, in place and out of place.
+  v.push_back({2, 64, 5120, 1024, DType::kBF16, NormOrder::kOlmo2, Layout::kFusedInPlace});
+  v.push_back({8, 64, 6144, 1024, DType::kBF16, NormOrder::kLlama, Layout::kFusedOutOfPlace});
+  v.push_back({4, 33, 2048, 2048, DType::kF32, NormOrder::kOlmo2, Layout::kFusedInPlace});
+  // Each rank its own launch on its own stream (as separate processes would be).
+  for (int world : {2, 4, 8}) {
+    v.push_back({world, 300, 4096, 4096, DType::kBF16, NormOrder::kOlmo2, Layout::kSeparate,
+                 Launch::kPerRankStreams});
+  }
+  v.push_back({4, 64, 2048, 2048, DType::kBF16, NormOrder::kOlmo2, Layout::kSeparate,
+               Launch::kGroup, 16384, 1e-5f});
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Odd, ModelShapes, ::testing::ValuesIn(odd_cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+}  // namespace
+}  // namespace swiftqk::testing

@@ -1,0 +1,247 @@
+#include "problem.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+namespace swiftqk::testing {
+
+namespace {
+
+// Runs f(begin, end) over [0, n) split across the machine's cores.
+template <typename F>
+void parallel_for(int64_t n, F f) {
+  const int64_t workers = std::max<int64_t>(
+      1, std::min<int64_t>(std::thread::hardware_concurrency(), n / 64 + 1));
+  std::vector<std::thread> pool;
+  for (int64_t w = 0; w < workers; ++w) {
+    pool.emplace_back([=, &f] { f(n * w / workers, n * (w + 1) / workers); });
+  }
+  for (auto& t : pool) t.join();
+}
+
+// Row t draws from its own generator seeded by (seed, t), so rows fill in parallel and the
+// values do not depend on the number of threads.
+void fill_rows(std::vector<uint8_t>& raw, std::vector<double>& exact, int64_t tokens,
+               int64_t width, DType in, float& scale, uint64_t seed) {
+  std::vector<float> v(static_cast<std::size_t>(tokens * width));
+  parallel_for(tokens, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + t);
+      std::normal_distribution<float> normal(0.f, 1.f);
+      std::uniform_real_distribution<float> decade(-1.f, 1.f);
+      const float mag = std::pow(10.f, decade(rng));  // rows from 0.1x to 10x
+      for (int64_t j = 0; j < width; ++j) {
+        float x = normal(rng) * mag;
+        if (x == 0.f) x = 1e-3f;  // never zeros
+        v[t * width + j] = x;
+      }
+    }
+  });
+  scale = 1.f;
+  if (in == DType::kF8E4M3) {
+    float amax = 0.f;
+    for (float x : v) amax = std::max(amax, std::fabs(x));
+    scale = amax / 448.f;
+  }
+  raw.assign(v.size() * dtype_size(in), 0);
+  exact.resize(v.size());
+  parallel_for(static_cast<int64_t>(v.size()), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      ref::store_element(raw.data(), in, i, v[i] / scale);
+      exact[i] = ref::load_element(raw.data(), in, i) * scale;
+    }
+  });
+}
+
+void fill_weight(std::vector<uint8_t>& raw, std::vector<double>& exact, int64_t width, DType out,
+                 std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> u(0.25f, 2.f);
+  raw.assign(width * dtype_size(out), 0);
+  exact.resize(width);
+  for (int64_t j = 0; j < width; ++j) {
+    ref::store_element(raw.data(), out, j, u(rng));
+    exact[j] = ref::load_element(raw.data(), out, j);
+  }
+}
+
+// Copies `cols` elements of each of `rows` rows between strided host/device layouts.
+void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+             std::size_t row_bytes, int64_t rows, cudaMemcpyKind kind, cudaStream_t s) {
+  if (rows == 0 || row_bytes == 0) return;
+  SWIFTQK_CUDA_TRY(cudaMemcpy2DAsync(dst, dpitch, src, spitch, row_bytes, rows, kind, s));
+}
+
+}  // namespace
+
+Problem Problem::random(int64_t tokens, int64_t q_width, int64_t k_width, DType in,
+                        NormOrder order, float eps, uint64_t seed) {
+  Problem p;
+  p.tokens = tokens;
+  p.q_width = q_width;
+  p.k_width = k_width;
+  p.in = in;
+  p.order = order;
+  p.eps = eps;
+  std::mt19937_64 rng(seed);
+  fill_weight(p.wq, p.wqd, q_width, p.out(), rng);
+  fill_weight(p.wk, p.wkd, k_width, p.out(), rng);
+  p.refill(seed ^ 0x9e3779b97f4a7c15ull);
+  return p;
+}
+
+void Problem::refill(uint64_t seed) {
+  fill_rows(q, qd, tokens, q_width, in, q_scale, seed * 2 + 1);
+  fill_rows(k, kd, tokens, k_width, in, k_scale, seed * 2 + 2);
+}
+
+RankData make_rank(const Problem& p, int world, int rank, Layout layout) {
+  RankData d;
+  const int64_t qs = p.q_width / world, ks = p.k_width / world;
+  const std::size_t is = dtype_size(p.in), os = dtype_size(p.out());
+  const int64_t rows = std::max<int64_t>(p.tokens, 1);
+  QkNormParams& prm = d.params;
+  prm.tokens = p.tokens;
+  prm.q_full_width = p.q_width;
+  prm.k_full_width = p.k_width;
+  prm.in_dtype = p.in;
+  prm.eps = p.eps;
+  prm.order = p.order;
+  prm.q.width = qs;
+  prm.k.width = ks;
+  prm.q.in_scale = p.q_scale;
+  prm.k.in_scale = p.k_scale;
+  d.wq = DeviceBuffer(qs * os);
+  d.wk = DeviceBuffer(ks * os);
+  SWIFTQK_CUDA_TRY(cudaMemcpy(d.wq.get(), p.wq.data() + rank * qs * os, qs * os,
+                              cudaMemcpyHostToDevice));
+  SWIFTQK_CUDA_TRY(cudaMemcpy(d.wk.get(), p.wk.data() + rank * ks * os, ks * os,
+                              cudaMemcpyHostToDevice));
+  prm.q.weight = d.wq.get();
+  prm.k.weight = d.wk.get();
+  d.rstd = DeviceBuffer(2 * rows * sizeof(float));
+  prm.rstd_out = d.rstd.get<float>();
+  if (layout == Layout::kSeparate) {
+    d.in = DeviceBuffer(rows * (qs + ks) * is);
+    d.out = DeviceBuffer(rows * (qs + ks) * os);
+    prm.q.in = d.in.get();
+    prm.k.in = d.in.get() + rows * qs * is;
+    prm.q.out = d.out.get();
+    prm.k.out = d.out.get() + rows * qs * os;
+    prm.q.in_stride = prm.q.out_stride = qs;
+    prm.k.in_stride = prm.k.out_stride = ks;
+  } else {
+    // A fused QKV projection output: [tokens, q | k | v] with V as wide as K.
+    const int64_t stride = qs + 2 * ks;
+    d.in = DeviceBuffer(rows * stride * is);
+    prm.q.in = d.in.get();
+    prm.k.in = d.in.get() + qs * is;
+    prm.q.in_stride = prm.k.in_stride = stride;
+    prm.q.out_stride = prm.k.out_stride = stride;
+    if (layout == Layout::kFusedInPlace) {
+      prm.q.out = const_cast<void*>(prm.q.in);
+      prm.k.out = const_cast<void*>(prm.k.in);
+    } else {
+      d.out = DeviceBuffer(rows * stride * os);
+      prm.q.out = d.out.get();
+      prm.k.out = d.out.get() + qs * os;
+    }
+  }
+  upload_inputs(p, world, rank, d, nullptr);
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  return d;
+}
+
+void upload_inputs(const Problem& p, int world, int rank, RankData& d, cudaStream_t s) {
+  const int64_t qs = p.q_width / world, ks = p.k_width / world;
+  const std::size_t is = dtype_size(p.in);
+  const QkNormParams& prm = d.params;
+  d.params.q.in_scale = p.q_scale;
+  d.params.k.in_scale = p.k_scale;
+  copy_2d(const_cast<void*>(prm.q.in), prm.q.in_stride * is, p.q.data() + rank * qs * is,
+          p.q_width * is, qs * is, p.tokens, cudaMemcpyHostToDevice, s);
+  copy_2d(const_cast<void*>(prm.k.in), prm.k.in_stride * is, p.k.data() + rank * ks * is,
+          p.k_width * is, ks * is, p.tokens, cudaMemcpyHostToDevice, s);
+}
+
+void poison(RankData& d, cudaStream_t s) {
+  const QkNormParams& prm = d.params;
+  if (prm.tokens == 0) return;
+  const std::size_t os = dtype_size(output_dtype_for(prm.in_dtype));
+  for (const ShardView* v : {&prm.q, &prm.k}) {
+    if (v->out == v->in) continue;  // in place: the input itself is what gets overwritten
+    SWIFTQK_CUDA_TRY(
+        cudaMemset2DAsync(v->out, v->out_stride * os, 0xff, v->width * os, prm.tokens, s));
+  }
+  SWIFTQK_CUDA_TRY(cudaMemsetAsync(d.rstd.get(), 0xff, d.rstd.bytes(), s));
+}
+
+namespace {
+// Downloads one rank's [tokens, width] output shard into columns of a full [tokens, full] array.
+void gather(const void* dev, int64_t stride, int64_t tokens, int64_t width, int64_t full,
+            int64_t col0, DType out, std::vector<double>& dst) {
+  const std::size_t os = dtype_size(out);
+  std::vector<uint8_t> host(tokens * width * os);
+  copy_2d(host.data(), width * os, dev, stride * os, width * os, tokens, cudaMemcpyDeviceToHost,
+          nullptr);
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < width; ++j) {
+      dst[t * full + col0 + j] = ref::load_element(host.data(), out, t * width + j);
+    }
+  }
+}
+}  // namespace
+
+Check check_ranks(const Problem& p, int world, const std::vector<RankData*>& ranks) {
+  Check c;
+  const int64_t T = p.tokens;
+  const int64_t qs = p.q_width / world, ks = p.k_width / world;
+  std::vector<double> q(T * p.q_width), k(T * p.k_width);
+  std::vector<float> rstd0;
+  for (int r = 0; r < world; ++r) {
+    const QkNormParams& prm = ranks[r]->params;
+    gather(prm.q.out, prm.q.out_stride, T, qs, p.q_width, r * qs, p.out(), q);
+    gather(prm.k.out, prm.k.out_stride, T, ks, p.k_width, r * ks, p.out(), k);
+    std::vector<float> rs(2 * T);
+    if (T > 0) {
+      SWIFTQK_CUDA_TRY(cudaMemcpy(rs.data(), ranks[r]->rstd.get(), rs.size() * sizeof(float),
+                                  cudaMemcpyDeviceToHost));
+    }
+    if (r == 0) {
+      rstd0 = rs;
+    } else if (std::memcmp(rs.data(), rstd0.data(), rs.size() * sizeof(float)) != 0) {
+      c.rstd_identical = false;
+    }
+  }
+  const std::vector<double> gq = p.gold_q(), gk = p.gold_k();
+  c.q = ref::compare(q, gq);
+  c.k = ref::compare(k, gk);
+  c.wrong = ref::count_out_of_tolerance(q, gq, p.out(), p.order) +
+            ref::count_out_of_tolerance(k, gk, p.out(), p.order);
+  if (c.wrong > 0) {
+    c.first_error = "q max_abs " + std::to_string(c.q.max_abs) + " at " +
+                    std::to_string(c.q.worst_index) + ", k max_abs " + std::to_string(c.k.max_abs) +
+                    " at " + std::to_string(c.k.worst_index);
+  }
+  return c;
+}
+
+bool outputs_untouched(const Problem& p, int world, const RankData& d) {
+  const QkNormParams& prm = d.params;
+  const std::size_t os = dtype_size(p.out());
+  for (const ShardView* v : {&prm.q, &prm.k}) {
+    std::vector<uint8_t> host(p.tokens * v->width * os);
+    copy_2d(host.data(), v->width * os, v->out, v->out_stride * os, v->width * os, p.tokens,
+            cudaMemcpyDeviceToHost, nullptr);
+    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    for (uint8_t b : host) {
+      if (b != 0xff) return false;
+    }
+  }
+  (void)world;
+  return true;
+}
+
+}  // namespace swiftqk::testing

@@ -1,0 +1,105 @@
+// Test and benchmark problems: full (unsharded) random Q and K on the host, their shards on the
+// device for N ranks, poisoned outputs, and the check of the gathered result against float64.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "swiftqk/communicator.hpp"
+#include "swiftqk/cuda_check.hpp"
+#include "swiftqk/reference.hpp"
+
+namespace swiftqk::testing {
+
+inline bool has_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+/// Owning device allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) SWIFTQK_CUDA_TRY(cudaMalloc(&p_, bytes));
+  }
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  template <typename T = uint8_t>
+  T* get() const {
+    return static_cast<T*>(p_);
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+/// Full-width inputs of one call, as stored (dtype `in`) and as exact values (double).
+struct Problem {
+  int64_t tokens = 0, q_width = 0, k_width = 0;
+  DType in = DType::kBF16;
+  NormOrder order = NormOrder::kOlmo2;
+  float eps = 1e-6f;
+  float q_scale = 1.f, k_scale = 1.f;  // fp8 dequantisation scales
+  std::vector<uint8_t> q, k;           // [tokens, width] in dtype `in`
+  std::vector<uint8_t> wq, wk;         // [width] in the output dtype
+  std::vector<double> qd, kd, wqd, wkd;
+
+  DType out() const { return output_dtype_for(in); }
+  /// Normal values with a per-token magnitude spread over ~2 decades (never zeros); weights
+  /// uniform in [0.25, 2). fp8 inputs get a per-tensor scale (amax / 448) and a saturating cast.
+  static Problem random(int64_t tokens, int64_t q_width, int64_t k_width, DType in,
+                        NormOrder order, float eps, uint64_t seed);
+  /// Refills q and k with fresh random values (weights kept).
+  void refill(uint64_t seed);
+  std::vector<double> gold_q() const { return ref::rms_norm_fp64(qd, wqd, tokens, q_width, eps); }
+  std::vector<double> gold_k() const { return ref::rms_norm_fp64(kd, wkd, tokens, k_width, eps); }
+};
+
+/// How a rank's Q and K shards sit in memory.
+enum class Layout {
+  kSeparate,      // q_in, k_in, q_out, k_out separate dense buffers
+  kFusedInPlace,  // column views of one [tokens, q+2k] QKV buffer, normalised in place
+  kFusedOutOfPlace,  // views of a fused input buffer into a second fused output buffer
+};
+
+/// One rank's device buffers and launch parameters.
+struct RankData {
+  DeviceBuffer in, out, wq, wk, rstd;
+  QkNormParams params;
+};
+
+/// Uploads rank r's shard of p for a group of `world` (buffers sized for p.tokens).
+RankData make_rank(const Problem& p, int world, int rank, Layout layout);
+/// Copies p's current q/k values into an existing rank's input buffer (same shape).
+void upload_inputs(const Problem& p, int world, int rank, RankData& d, cudaStream_t s);
+/// Fills the rank's outputs (and rstd) with 0xFF bytes: NaN in every float type.
+void poison(RankData& d, cudaStream_t s);
+
+/// Result of gathering all ranks' outputs and comparing them with the float64 gold output.
+struct Check {
+  int64_t wrong = 0;  // elements outside the dtype's tolerance (NaN counts)
+  ref::ErrorMetrics q, k;
+  bool rstd_identical = true;  // every rank reported bitwise-identical 1/rms (when rstd kept)
+  std::string first_error;
+};
+Check check_ranks(const Problem& p, int world, const std::vector<RankData*>& ranks);
+
+/// Throws unless every rank's output buffer still holds the poison (nothing written).
+bool outputs_untouched(const Problem& p, int world, const RankData& d);
+
+}  // namespace swiftqk::testing

@@ -51,22 +51,33 @@ KernelFn pick_kernel(DType t, bool vector_path, int vpt, NormOrder o) {
 }
 
 
-// Occupancy, asked once per kernel, block size, shared memory and device. Also raises the
-// kernel's dynamic shared-memory limit, which is per device.
+// Occupancy, asked once per kernel, block size, shared memory and device. The first time a
+// kernel is seen on a device its dynamic shared-memory limit is raised to the device's maximum,
+// once, so every later launch of it (any row length) is allowed.
 int max_blocks_per_sm(KernelFn fn, int block, std::size_t smem, int device) {
   static std::mutex mu;
   static std::map<std::tuple<const void*, int, std::size_t, int>, int> cache;
+  static std::map<std::pair<const void*, int>, std::size_t> limit;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(fn), block, smem, device);
+  const void* f = reinterpret_cast<const void*>(fn);
+  const auto key = std::make_tuple(f, block, smem, device);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  int optin = 0;
-  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  SWIFTQK_EXPECTS(smem + 1024 <= static_cast<std::size_t>(optin),
-                  "launch: a row needs " + std::to_string(smem) +
-                      " bytes of shared memory, more than the device allows");
-  SWIFTQK_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
+  auto lim = limit.find({f, device});
+  if (lim == limit.end()) {
+    int optin = 0;
+    SWIFTQK_CUDA_TRY(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attr;
+    SWIFTQK_CUDA_TRY(cudaFuncGetAttributes(&attr, fn));
+    const std::size_t dynamic_max = optin - attr.sharedSizeBytes;
+    SWIFTQK_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(dynamic_max)));
+    lim = limit.emplace(std::make_pair(f, device), dynamic_max).first;
+  }
+  SWIFTQK_EXPECTS(smem <= lim->second, "launch: a row needs " + std::to_string(smem) +
+                                           " bytes of shared memory; the device allows " +
+                                           std::to_string(lim->second));
   int n = 0;
   SWIFTQK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, block, smem));
   cache[key] = n;

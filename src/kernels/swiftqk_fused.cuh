@@ -76,7 +76,7 @@ __device__ __forceinline__ void write_output(const RankArgs& ra, int64_t t, int6
   for (int e = 0; e < VEC; ++e) {
     y.v[e] = norm_element<Tout, kOlmo2>(to_float(x.v[e]), to_float(w.v[e]), r);
   }
-  *out_vec<Tout, VEC>(ra, t, i, nq) = y;
+  store_vec(out_vec<Tout, VEC>(ra, t, i, nq), y);
 }
 
 /// Phase B for one token, run by the group's first warp: publish this rank's partials to every
@@ -216,11 +216,12 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
       for (int v = 0; v < VPT; ++v) {
         const int64_t i = gt + static_cast<int64_t>(v) * G;
-        if (active && i < n) accumulate<Tin, VEC>(x[i], i < nq, sq, sk);
+        if (active && i < n) accumulate<Tin, VEC>(load_vec(x + i), i < nq, sq, sk);
       }
     } else if (active) {
-      for (int64_t i = gt; i < n; i += G) accumulate<Tin, VEC>(*row_vec<Tin, VEC>(ra, t, i, nq),
-                                                             i < nq, sq, sk);
+      for (int64_t i = gt; i < n; i += G) {
+        accumulate<Tin, VEC>(load_vec(row_vec<Tin, VEC>(ra, t, i, nq)), i < nq, sq, sk);
+      }
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
@@ -266,14 +267,15 @@ __global__ void __launch_bounds__(1024)
         for (int v = 0; v < VPT; ++v) {
           const int64_t i = gt + static_cast<int64_t>(v) * G;
           if (i < n) {
-            write_output<Tin, Tout, VEC, kOlmo2>(ra, t, i, nq, x[i],
-                                                 *weight_vec<Tout, VEC>(ra, i, nq), rs);
+            write_output<Tin, Tout, VEC, kOlmo2>(ra, t, i, nq, load_vec(x + i),
+                                                 load_vec(weight_vec<Tout, VEC>(ra, i, nq)), rs);
           }
         }
       } else {
         for (int64_t i = gt; i < n; i += G) {
-          write_output<Tin, Tout, VEC, kOlmo2>(ra, t, i, nq, *row_vec<Tin, VEC>(ra, t, i, nq),
-                                               *weight_vec<Tout, VEC>(ra, i, nq), rs);
+          write_output<Tin, Tout, VEC, kOlmo2>(ra, t, i, nq,
+                                               load_vec(row_vec<Tin, VEC>(ra, t, i, nq)),
+                                               load_vec(weight_vec<Tout, VEC>(ra, i, nq)), rs);
         }
       }
     }

@@ -79,19 +79,25 @@ __device__ __forceinline__ void write_output(const RankArgs& ra, int64_t t, int6
   store_vec(out_vec<Tout, VEC>(ra, t, i, nq), y);
 }
 
-/// Phase B for one token, run by the group's first warp: publish this rank's partials to every
-/// peer, wait (bounded) for all peers' partials, and sum them in rank order 0..world-1 so that
-/// every rank gets a bitwise-identical total. Returns false if the wait failed.
-__device__ inline bool exchange_partials(const LaunchArgs& a, const RankArgs& ra, int64_t t,
-                                         uint32_t tag, uint32_t ktag, int bank, float& q,
-                                         float& k) {
-  const int lane = threadIdx.x & 31;
-  const int world = a.world;
-  const std::size_t slot = slot_offset(world, a.capacity, bank, t, ra.rank);
-  for (int j = lane; j < world; j += 32) {
+/// Phase B, first half, run by the group's first warp: push this rank's (q, k) partials of token
+/// t into every rank's slot (its own included). Lane j writes rank j's copy.
+__device__ inline void publish_partials(const LaunchArgs& a, const RankArgs& ra, int64_t t,
+                                        uint32_t tag, uint32_t ktag, int bank, float q, float k) {
+  const std::size_t slot = slot_offset(a.world, a.capacity, bank, t, ra.rank);
+  for (int j = threadIdx.x & 31; j < a.world; j += 32) {
     store_slot_sys(reinterpret_cast<uint64_t*>(ra.peers[j] + slot), pack_word(q, tag),
                    pack_word(k, ktag));
   }
+}
+
+/// Phase B, second half: wait (bounded) until every rank's partials of token t are in this
+/// rank's slots, sum them in rank order 0..world-1 so every rank gets a bitwise-identical total,
+/// and mark the slots consumed. Returns false if the wait failed (recorded for the host).
+__device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra, int64_t t,
+                                        uint32_t tag, uint32_t ktag, int bank, float& q,
+                                        float& k) {
+  const int lane = threadIdx.x & 31;
+  const int world = a.world;
   // Lane j watches the slot rank j writes into this rank's workspace.
   uint64_t* mine = lane < world ? reinterpret_cast<uint64_t*>(
                                       ra.local_ws + slot_offset(world, a.capacity, bank, t, lane))
@@ -137,8 +143,10 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-/// Rows staged through shared memory: each block keeps kStages rows per group in flight.
+/// Rows staged through shared memory: a group's stage ring holds the token being written, the
+/// one being reduced and kAhead-1 more in flight.
 constexpr int kStages = 4;
+constexpr int kAhead = kStages - 2;
 
 /// Dynamic shared memory of the staged kernel for a shape (host and device agree on it).
 constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_block) {
@@ -158,6 +166,7 @@ __global__ void __launch_bounds__(1024)
   extern __shared__ uint4 s_stage[];  // [kStages][tokens_per_block][n] input vectors
   __shared__ float2 s_part[32];       // per warp: (q, k) partial sums
   __shared__ float2 s_rstd[32];       // per group: (q, k) 1/rms times the input scale
+  __shared__ float2 s_own[32];        // per group, TP 1: the previous token's (q, k) sums
   __shared__ int s_abort;
 
   const int slot_rank = blockIdx.x / a.blocks_per_rank;
@@ -200,18 +209,26 @@ __global__ void __launch_bounds__(1024)
     }
   };
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(first + g + s * step, s);
+  for (int s = 0; s < kAhead; ++s) issue(first + g + s * step, s);
 
-  int it = 0;
-  for (int64_t base = first; base < T; base += step, ++it) {
-    const int64_t t = base + g;
-    const bool active = t < T;
-    const int cur = it % kStages;
+  // Iteration `it` reduces and publishes token it (of this group's sequence) and then
+  // collects and writes token it-1: the exchange of a token overlaps the next token's load and
+  // reduction instead of stalling the block. Waiting only on a token published an iteration
+  // earlier keeps the persistent grid deadlock-free (docs/design.md).
+  const int64_t iterations = first < T ? (T - first + step - 1) / step : 0;
+  for (int64_t it = 0; it <= iterations && iterations > 0; ++it) {
+    const bool has_cur = it < iterations;  // block-uniform
+    const int64_t t = first + it * step + g;
+    const int64_t tp = t - step;
+    const bool active = has_cur && t < T;
+    const bool active_prev = it > 0 && tp < T;
+    const int cur = static_cast<int>(it % kStages);
+    const int prev = static_cast<int>((it + kStages - 1) % kStages);
     float sq = 0.f, sk = 0.f;
-    // Phase A: local sums of squares.
+    // Phase A: local sums of squares of the current token.
     if constexpr (VPT > 0) {
-      issue(t + (kStages - 1) * step, (it + kStages - 1) % kStages);
-      cp_async_wait<kStages - 1>();
+      issue(first + g + (it + kAhead) * step, static_cast<int>((it + kAhead) % kStages));
+      cp_async_wait<kAhead>();
       const InVec* x = stage(cur);
 #pragma unroll
       for (int v = 0; v < VPT; ++v) {
@@ -231,50 +248,65 @@ __global__ void __launch_bounds__(1024)
     if (lane == 0) s_part[warp] = make_float2(sq, sk);
     __syncthreads();
 
-    // Phase B: the group's first warp exchanges while the copies of the next kStages-1 rows
-    // (this block's and every other resident block's) stay in flight.
-    if (gt < 32 && active) {
-      float q = 0.f, k = 0.f;
-      for (int j = 0; j < warps_per_group; ++j) {
-        const float2 p = s_part[g * warps_per_group + j];
-        q += p.x;
-        k += p.y;
+    // Phase B, by the group's first warp: publish the current token, then collect the previous
+    // one (published by every rank an iteration ago, so usually already there).
+    if (gt < 32) {
+      float2 prev_total = make_float2(0.f, 0.f);
+      bool ok = true;
+      if (active_prev) {
+        if (a.world == 1) {
+          prev_total = s_own[g];
+        } else {
+          ok = collect_partials(a, ra, tp, tag, ktag, bank, prev_total.x, prev_total.y);
+        }
       }
-      q *= ra.q_in_scale * ra.q_in_scale;
-      k *= ra.k_in_scale * ra.k_in_scale;
-      const bool ok = a.world == 1 || exchange_partials(a, ra, t, tag, ktag, bank, q, k);
+      if (active && ok) {
+        float q = 0.f, k = 0.f;
+        for (int j = 0; j < warps_per_group; ++j) {
+          const float2 p = s_part[g * warps_per_group + j];
+          q += p.x;
+          k += p.y;
+        }
+        q *= ra.q_in_scale * ra.q_in_scale;
+        k *= ra.k_in_scale * ra.k_in_scale;
+        if (a.world == 1) {
+          if (lane == 0) s_own[g] = make_float2(q, k);
+        } else {
+          publish_partials(a, ra, t, tag, ktag, bank, q, k);
+        }
+      }
       if (!ok) {
         if (lane == 0) s_abort = 1;
-      } else if (lane == 0) {
-        const float rq = 1.f / sqrtf(q * a.q_inv_full + a.eps);
-        const float rk = 1.f / sqrtf(k * a.k_inv_full + a.eps);
+      } else if (active_prev && lane == 0) {
+        const float rq = 1.f / sqrtf(prev_total.x * a.q_inv_full + a.eps);
+        const float rk = 1.f / sqrtf(prev_total.y * a.k_inv_full + a.eps);
         s_rstd[g] = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
         if (ra.rstd_out != nullptr) {
-          ra.rstd_out[2 * t] = rq;
-          ra.rstd_out[2 * t + 1] = rk;
+          ra.rstd_out[2 * tp] = rq;
+          ra.rstd_out[2 * tp + 1] = rk;
         }
       }
     }
     __syncthreads();
     if (s_abort) break;
 
-    // Phase C: scale, multiply by the weight, round once (Olmo2) or twice (Llama), store.
-    if (active) {
+    // Phase C for the previous token: scale, weight, round once (Olmo2) or twice (Llama).
+    if (active_prev) {
       const float2 rs = s_rstd[g];
       if constexpr (VPT > 0) {
-        const InVec* x = stage(cur);
+        const InVec* x = stage(prev);
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
           const int64_t i = gt + static_cast<int64_t>(v) * G;
           if (i < n) {
-            write_output<Tin, Tout, VEC, kOlmo2>(ra, t, i, nq, load_vec(x + i),
+            write_output<Tin, Tout, VEC, kOlmo2>(ra, tp, i, nq, load_vec(x + i),
                                                  load_vec(weight_vec<Tout, VEC>(ra, i, nq)), rs);
           }
         }
       } else {
         for (int64_t i = gt; i < n; i += G) {
-          write_output<Tin, Tout, VEC, kOlmo2>(ra, t, i, nq,
-                                               load_vec(row_vec<Tin, VEC>(ra, t, i, nq)),
+          write_output<Tin, Tout, VEC, kOlmo2>(ra, tp, i, nq,
+                                               load_vec(row_vec<Tin, VEC>(ra, tp, i, nq)),
                                                load_vec(weight_vec<Tout, VEC>(ra, i, nq)), rs);
         }
       }

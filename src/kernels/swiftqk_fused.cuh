@@ -143,10 +143,9 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-/// Rows staged through shared memory: a group's stage ring holds the token being written, the
-/// one being reduced and kAhead-1 more in flight.
+/// Rows staged through shared memory: a group's ring of kStages rows holds the token being
+/// written, the one being reduced (the same one unless deferring) and the rest in flight.
 constexpr int kStages = 4;
-constexpr int kAhead = kStages - 2;
 
 /// Dynamic shared memory of the staged kernel for a shape (host and device agree on it).
 constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_block) {
@@ -166,7 +165,6 @@ __global__ void __launch_bounds__(1024)
   extern __shared__ uint4 s_stage[];  // [kStages][tokens_per_block][n] input vectors
   __shared__ float2 s_part[32];       // per warp: (q, k) partial sums
   __shared__ float2 s_rstd[32];       // per group: (q, k) 1/rms times the input scale
-  __shared__ float2 s_own[32];        // per group, TP 1: the previous token's (q, k) sums
   __shared__ int s_abort;
 
   const int slot_rank = blockIdx.x / a.blocks_per_rank;
@@ -208,27 +206,33 @@ __global__ void __launch_bounds__(1024)
       cp_async_commit();  // empty groups keep the group count uniform
     }
   };
-#pragma unroll
-  for (int s = 0; s < kAhead; ++s) issue(first + g + s * step, s);
-
-  // Iteration `it` reduces and publishes token it (of this group's sequence) and then
-  // collects and writes token it-1: the exchange of a token overlaps the next token's load and
-  // reduction instead of stalling the block. Waiting only on a token published an iteration
-  // earlier keeps the persistent grid deadlock-free (docs/design.md).
+  // With peers, iteration `it` reduces and publishes token it (of this group's sequence) and
+  // then collects and writes token it-1, so a token's exchange overlaps the next token's load
+  // and reduction instead of stalling the block. Waiting only on tokens this block published an
+  // iteration earlier keeps the persistent grid deadlock-free (docs/design.md). Alone (TP 1),
+  // or with a single iteration, nothing is gained by deferring: a token is written at once and
+  // the freed stage lets the loads run one token further ahead.
   const int64_t iterations = first < T ? (T - first + step - 1) / step : 0;
-  for (int64_t it = 0; it <= iterations && iterations > 0; ++it) {
-    const bool has_cur = it < iterations;  // block-uniform
-    const int64_t t = first + it * step + g;
-    const int64_t tp = t - step;
-    const bool active = has_cur && t < T;
-    const bool active_prev = it > 0 && tp < T;
+  const bool defer = a.world > 1 && iterations > 1;  // block-uniform
+  const int ahead = defer ? kStages - 2 : kStages - 1;
+  for (int s = 0; s < ahead; ++s) issue(first + g + s * step, s);
+
+  for (int64_t it = 0; it < iterations + (defer ? 1 : 0); ++it) {
+    const int64_t t = first + it * step + g;  // the token reduced and published
+    const int64_t tw = defer ? t - step : t;   // the token collected and written
+    const bool active = it < iterations && t < T;
+    const bool active_write = tw >= 0 && tw < T && (!defer || it > 0);
     const int cur = static_cast<int>(it % kStages);
-    const int prev = static_cast<int>((it + kStages - 1) % kStages);
+    const int wstage = static_cast<int>((it + (defer ? kStages - 1 : 0)) % kStages);
     float sq = 0.f, sk = 0.f;
     // Phase A: local sums of squares of the current token.
     if constexpr (VPT > 0) {
-      issue(first + g + (it + kAhead) * step, static_cast<int>((it + kAhead) % kStages));
-      cp_async_wait<kAhead>();
+      issue(first + g + (it + ahead) * step, static_cast<int>((it + ahead) % kStages));
+      if (defer) {
+        cp_async_wait<kStages - 2>();
+      } else {
+        cp_async_wait<kStages - 1>();
+      }
       const InVec* x = stage(cur);
 #pragma unroll
       for (int v = 0; v < VPT; ++v) {
@@ -248,20 +252,11 @@ __global__ void __launch_bounds__(1024)
     if (lane == 0) s_part[warp] = make_float2(sq, sk);
     __syncthreads();
 
-    // Phase B, by the group's first warp: publish the current token, then collect the previous
-    // one (published by every rank an iteration ago, so usually already there).
+    // Phase B, by the group's first warp: publish the current token, then collect the token
+    // to write (the previous one when deferring, so usually already there).
     if (gt < 32) {
-      float2 prev_total = make_float2(0.f, 0.f);
-      bool ok = true;
-      if (active_prev) {
-        if (a.world == 1) {
-          prev_total = s_own[g];
-        } else {
-          ok = collect_partials(a, ra, tp, tag, ktag, bank, prev_total.x, prev_total.y);
-        }
-      }
-      if (active && ok) {
-        float q = 0.f, k = 0.f;
+      float q = 0.f, k = 0.f;
+      if (active) {
         for (int j = 0; j < warps_per_group; ++j) {
           const float2 p = s_part[g * warps_per_group + j];
           q += p.x;
@@ -269,44 +264,42 @@ __global__ void __launch_bounds__(1024)
         }
         q *= ra.q_in_scale * ra.q_in_scale;
         k *= ra.k_in_scale * ra.k_in_scale;
-        if (a.world == 1) {
-          if (lane == 0) s_own[g] = make_float2(q, k);
-        } else {
-          publish_partials(a, ra, t, tag, ktag, bank, q, k);
-        }
+        if (a.world > 1) publish_partials(a, ra, t, tag, ktag, bank, q, k);
       }
+      bool ok = true;
+      if (active_write && a.world > 1) ok = collect_partials(a, ra, tw, tag, ktag, bank, q, k);
       if (!ok) {
         if (lane == 0) s_abort = 1;
-      } else if (active_prev && lane == 0) {
-        const float rq = 1.f / sqrtf(prev_total.x * a.q_inv_full + a.eps);
-        const float rk = 1.f / sqrtf(prev_total.y * a.k_inv_full + a.eps);
+      } else if (active_write && lane == 0) {
+        const float rq = 1.f / sqrtf(q * a.q_inv_full + a.eps);
+        const float rk = 1.f / sqrtf(k * a.k_inv_full + a.eps);
         s_rstd[g] = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
         if (ra.rstd_out != nullptr) {
-          ra.rstd_out[2 * tp] = rq;
-          ra.rstd_out[2 * tp + 1] = rk;
+          ra.rstd_out[2 * tw] = rq;
+          ra.rstd_out[2 * tw + 1] = rk;
         }
       }
     }
     __syncthreads();
     if (s_abort) break;
 
-    // Phase C for the previous token: scale, weight, round once (Olmo2) or twice (Llama).
-    if (active_prev) {
+    // Phase C for the written token: scale, weight, round once (Olmo2) or twice (Llama).
+    if (active_write) {
       const float2 rs = s_rstd[g];
       if constexpr (VPT > 0) {
-        const InVec* x = stage(prev);
+        const InVec* x = stage(wstage);
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
           const int64_t i = gt + static_cast<int64_t>(v) * G;
           if (i < n) {
-            write_output<Tin, Tout, VEC, kOlmo2>(ra, tp, i, nq, load_vec(x + i),
+            write_output<Tin, Tout, VEC, kOlmo2>(ra, tw, i, nq, load_vec(x + i),
                                                  load_vec(weight_vec<Tout, VEC>(ra, i, nq)), rs);
           }
         }
       } else {
         for (int64_t i = gt; i < n; i += G) {
-          write_output<Tin, Tout, VEC, kOlmo2>(ra, tp, i, nq,
-                                               load_vec(row_vec<Tin, VEC>(ra, tp, i, nq)),
+          write_output<Tin, Tout, VEC, kOlmo2>(ra, tw, i, nq,
+                                               load_vec(row_vec<Tin, VEC>(ra, tw, i, nq)),
                                                load_vec(weight_vec<Tout, VEC>(ra, i, nq)), rs);
         }
       }

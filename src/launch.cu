@@ -182,7 +182,8 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   detail::DeviceGuard guard(s0.device);
   const std::size_t smem =
       shape.vectors_per_thread > 0
-          ? detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block)
+          ? detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
+                                      (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)))
           : 0;
   const int occ = max_blocks_per_sm(fn, shape.block_threads(), smem, s0.device);
 

@@ -147,9 +147,12 @@ __device__ __forceinline__ void cp_async_wait() {
 /// written, the one being reduced (the same one unless deferring) and the rest in flight.
 constexpr int kStages = 4;
 
-/// Dynamic shared memory of the staged kernel for a shape (host and device agree on it).
-constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_block) {
-  return static_cast<std::size_t>(kStages) * tokens_per_block * vectors_per_row * 16;
+/// Dynamic shared memory of the staged kernel (host and device agree on it): the stage ring of
+/// 16-byte input vectors, then the block's copy of the weight slice.
+constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_block,
+                                        std::size_t weight_bytes) {
+  return static_cast<std::size_t>(kStages) * tokens_per_block * vectors_per_row * 16 +
+         weight_bytes;
 }
 
 /// VPT > 0 (vector path): rows are staged through shared memory kStages tokens ahead with
@@ -162,7 +165,8 @@ __global__ void __launch_bounds__(1024)
   using Tout = typename OutputOf<Tin>::type;
   using InVec = Vec<Tin, VEC>;
   static_assert(VPT == 0 || sizeof(InVec) == 16, "staging moves 16-byte vectors");
-  extern __shared__ uint4 s_stage[];  // [kStages][tokens_per_block][n] input vectors
+  // Dynamic shared memory: [kStages][tokens_per_block][n] input vectors, then the weights.
+  extern __shared__ uint4 s_stage[];
   __shared__ float2 s_part[32];       // per warp: (q, k) partial sums
   __shared__ float2 s_rstd[32];       // per group: (q, k) 1/rms times the input scale
   __shared__ int s_abort;
@@ -212,6 +216,18 @@ __global__ void __launch_bounds__(1024)
   // iteration earlier keeps the persistent grid deadlock-free (docs/design.md). Alone (TP 1),
   // or with a single iteration, nothing is gained by deferring: a token is written at once and
   // the freed stage lets the loads run one token further ahead.
+  // Every token uses the same weight slice: it is read from global memory once per block, into
+  // shared memory after the stages (re-reading it per token doubled the L2 traffic).
+  using OutVec = Vec<Tout, VEC>;
+  OutVec* s_weight = reinterpret_cast<OutVec*>(
+      reinterpret_cast<InVec*>(s_stage) + static_cast<int64_t>(kStages) * a.tokens_per_block * n);
+  if constexpr (VPT > 0) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      store_vec(s_weight + i, load_vec(weight_vec<Tout, VEC>(ra, i, nq)));
+    }
+    __syncthreads();
+  }
+
   const int64_t iterations = first < T ? (T - first + step - 1) / step : 0;
   const bool defer = a.world > 1 && iterations > 1;  // block-uniform
   const int ahead = defer ? kStages - 2 : kStages - 1;
@@ -293,7 +309,7 @@ __global__ void __launch_bounds__(1024)
           const int64_t i = gt + static_cast<int64_t>(v) * G;
           if (i < n) {
             write_output<Tin, Tout, VEC, kOlmo2>(ra, tw, i, nq, load_vec(x + i),
-                                                 load_vec(weight_vec<Tout, VEC>(ra, i, nq)), rs);
+                                                 load_vec(s_weight + i), rs);
           }
         }
       } else {

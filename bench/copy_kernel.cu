@@ -31,8 +31,7 @@ void launch_copy(const void* src, void* dst, std::size_t bytes, cudaStream_t str
   int sms = 0, dev = 0;
   SWIFTQK_CUDA_TRY(cudaGetDevice(&dev));
   SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  copy_kernel<<<sms * 8, 256, 0, stream>>>(static_cast<const uint4*>(src),
-                                           static_cast<uint4*>(dst),
+  copy_kernel<<<sms * 8, 256, 0, stream>>>(static_cast<const uint4*>(src), static_cast<uint4*>(dst),
                                            static_cast<int64_t>(bytes / 16));
   SWIFTQK_CUDA_TRY(cudaGetLastError());
 }

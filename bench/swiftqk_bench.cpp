@@ -3,13 +3,13 @@
 // `wrong` column); any wrong result makes the tool exit non-zero. On one GPU, TP > 1 runs as
 // virtual ranks in one launch.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -47,7 +47,9 @@ struct Stats {
 
 Stats stats_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  auto q = [&](double f) { return v[std::min(v.size() - 1, static_cast<std::size_t>(f * v.size()))]; };
+  auto q = [&](double f) {
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(f * v.size()))];
+  };
   return {q(0.5), q(0.1), q(0.9), q(0.99)};
 }
 
@@ -109,9 +111,7 @@ double copy_gbps(const Options& o, cudaStream_t s) {
   Options c = o;
   c.launches_per_graph = 4;
   c.iters = 20;
-  const Stats st = time_it(c, s, [&](int) {
-    bench::launch_copy(src.get(), dst.get(), bytes, s);
-  });
+  const Stats st = time_it(c, s, [&](int) { bench::launch_copy(src.get(), dst.get(), bytes, s); });
   return 2.0 * bytes / (st.median * 1e3);
 }
 
@@ -156,9 +156,9 @@ json run_swiftqk(const Options& o, const Model& m, int tp, int64_t tokens, DType
 
   const Stats st = time_it(o, s, launch);
   for (auto& c : comms) c.synchronize(s);
-  const double hbm = static_cast<double>(tokens) * (m.q + m.k) *
-                         (dtype_size(dt) + dtype_size(p.out())) +
-                     static_cast<double>(m.q + m.k) * dtype_size(p.out());
+  const double hbm =
+      static_cast<double>(tokens) * (m.q + m.k) * (dtype_size(dt) + dtype_size(p.out())) +
+      static_cast<double>(m.q + m.k) * dtype_size(p.out());
   const double exch = tp > 1 ? static_cast<double>(tokens) * tp * tp * kSlotBytes : 0.0;
   json j;
   j["method"] = "swiftqk";
@@ -182,15 +182,51 @@ json run_swiftqk(const Options& o, const Model& m, int tp, int64_t tokens, DType
   j["max_abs_err"] = std::max(chk.q.max_abs, chk.k.max_abs);
   j["mean_abs_err"] = (chk.q.mean_abs * chk.q.count + chk.k.mean_abs * chk.k.count) /
                       std::max<double>(1, chk.q.count + chk.k.count);
-  j["rmse"] = std::sqrt((chk.q.rmse * chk.q.rmse * chk.q.count +
-                         chk.k.rmse * chk.k.rmse * chk.k.count) /
-                        std::max<double>(1, chk.q.count + chk.k.count));
+  j["rmse"] =
+      std::sqrt((chk.q.rmse * chk.q.rmse * chk.q.count + chk.k.rmse * chk.k.rmse * chk.k.count) /
+                std::max<double>(1, chk.q.count + chk.k.count));
   j["wrong"] = chk.wrong + (chk.rstd_identical ? 0 : 1);
   j["virtual_ranks"] = tp > 1;
   j["device"] = device_name();
   j["gpus"] = 1;
   j["commit"] = o.commit;
   return j;
+}
+
+// What runs without a GPU: the reference against the review's worked example, and sharded
+// fp32 partial sums (combined in rank order, as the kernel does) against the fp64 full sum.
+bool reference_self_check() {
+  const std::vector<double> x = {1, 2, -1, 0.5, 3, -2, 1.5, 0.5};
+  const double s = ref::sum_of_squares_sharded(x.data(), 8, 2);
+  const std::vector<double> y = ref::rms_norm_fp64(x, std::vector<double>(8, 1.0), 1, 8, 1e-6);
+  const double rstd = y[0] / x[0];
+  bool ok = s == 21.75 && std::fabs(rstd - 0.6064783233) < 1e-9;
+  std::printf(
+      "worked example: x = [1, 2, -1, 0.5, 3, -2, 1.5, 0.5] over 2 ranks: S = %.4f "
+      "(expect 21.75), 1/rms = %.10f (expect 0.6064783233): %s\n",
+      s, rstd, ok ? "ok" : "WRONG");
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  double worst = 0;
+  for (int world : {1, 2, 4, 8}) {
+    for (int64_t width : {2048, 5120, 6144}) {
+      std::vector<double> row(width);
+      double exact = 0;
+      for (auto& v : row) {
+        v = static_cast<float>(normal(rng));
+        exact += v * v;
+      }
+      const double got = ref::sum_of_squares_sharded(row.data(), width, world);
+      worst = std::max(worst, std::fabs(got - exact) / exact);
+    }
+  }
+  // fp32 accumulation of up to 6144 squares: relative error well under 1e-5.
+  const bool sums_ok = worst < 1e-5;
+  std::printf(
+      "sharded fp32 partial sums vs float64, TP 1-8, widths 2048-6144: worst relative "
+      "error %.2e: %s\n",
+      worst, sums_ok ? "ok" : "WRONG");
+  return ok && sums_ok;
 }
 
 std::vector<std::string> split(const std::string& s) {
@@ -229,8 +265,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (!has_gpu()) {
-    std::printf("swiftqk_bench: no CUDA GPU on this machine; nothing to time.\n");
-    return 0;
+    std::printf(
+        "swiftqk_bench: no CUDA GPU on this machine: nothing can be timed or run on a "
+        "GPU here. Running the float64 reference self-check instead.\n");
+    return reference_self_check() ? 0 : 1;
   }
   std::vector<Model> run_models;
   for (const auto& name : split(models)) {
@@ -255,8 +293,8 @@ int main(int argc, char** argv) {
   json all = json::array();
   int64_t total_wrong = 0;
   std::printf("%-10s %-11s %5s %5s %3s %6s %5s %6s %9s %9s %9s %7s %6s %6s %9s\n", "method",
-              "model", "q", "k", "tp", "tokens", "dtype", "order", "median_us", "p10_us",
-              "p99_us", "GB/s", "%copy", "wrong", "max_err");
+              "model", "q", "k", "tp", "tokens", "dtype", "order", "median_us", "p10_us", "p99_us",
+              "GB/s", "%copy", "wrong", "max_err");
   for (const Model& m : run_models) {
     for (const auto& dts : split(dtypes)) {
       const DType dt = parse_dtype(dts);
@@ -268,13 +306,14 @@ int main(int argc, char** argv) {
           const int64_t t = std::stoll(ts);
           json j = run_swiftqk(o, m, tp, t, dt, order, copy_bw, s);
           total_wrong += j["wrong"].get<int64_t>();
-          std::printf("%-10s %-11s %5lld %5lld %3d %6lld %5s %6s %9.2f %9.2f %9.2f %7.0f %6.1f %6lld %9.2e%s\n",
-                      "swiftqk", m.name.c_str(), (long long)m.q, (long long)m.k, tp, (long long)t,
-                      dts.c_str(), to_string(order).c_str(), j["median_us"].get<double>(),
-                      j["p10_us"].get<double>(), j["p99_us"].get<double>(),
-                      j["gbps"].get<double>(), 100 * j["frac_of_copy"].get<double>(),
-                      (long long)j["wrong"].get<int64_t>(), j["max_abs_err"].get<double>(),
-                      j["wrong"].get<int64_t>() ? "  <-- WRONG" : "");
+          std::printf(
+              "%-10s %-11s %5lld %5lld %3d %6lld %5s %6s %9.2f %9.2f %9.2f %7.0f %6.1f %6lld "
+              "%9.2e%s\n",
+              "swiftqk", m.name.c_str(), (long long)m.q, (long long)m.k, tp, (long long)t,
+              dts.c_str(), to_string(order).c_str(), j["median_us"].get<double>(),
+              j["p10_us"].get<double>(), j["p99_us"].get<double>(), j["gbps"].get<double>(),
+              100 * j["frac_of_copy"].get<double>(), (long long)j["wrong"].get<int64_t>(),
+              j["max_abs_err"].get<double>(), j["wrong"].get<int64_t>() ? "  <-- WRONG" : "");
           std::fflush(stdout);
           all.push_back(j);
         }

@@ -29,12 +29,12 @@ struct CommState {
 
   std::shared_ptr<DeviceAllocations> allocations;  // this rank's (or the whole group's) memory
   uint8_t* local_ws = nullptr;
-  std::vector<uint8_t*> peers;  // host copy of the peer table
-  uint8_t** d_peers = nullptr;  // device copy, [world]
+  std::vector<uint8_t*> peers;    // host copy of the peer table
+  uint8_t** d_peers = nullptr;    // device copy, [world]
   std::vector<void*> ipc_opened;  // peer mappings to close
   CallState* d_state = nullptr;
   FailureRecord* d_failure = nullptr;
-  FailureRecord* h_failure = nullptr;  // host-mapped, pinned
+  FailureRecord* h_failure = nullptr;      // host-mapped, pinned
   FailureRecord* h_failure_dev = nullptr;  // its device alias
   uint32_t probe_round = 0;
   int* d_probe_ok = nullptr;  // preallocated: a cudaMalloc during a peer's probe could stall it

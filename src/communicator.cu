@@ -52,11 +52,11 @@ CommState::~CommState() {
 }
 
 void CommState::allocate_local() {
-  SWIFTQK_EXPECTS(world >= 1 && world <= kMaxWorld,
-                  "TP degree must be in [1, " + std::to_string(kMaxWorld) + "], got " +
-                      std::to_string(world));
-  SWIFTQK_EXPECTS(rank >= 0 && rank < world, "rank " + std::to_string(rank) +
-                                                 " is outside [0, " + std::to_string(world) + ")");
+  SWIFTQK_EXPECTS(
+      world >= 1 && world <= kMaxWorld,
+      "TP degree must be in [1, " + std::to_string(kMaxWorld) + "], got " + std::to_string(world));
+  SWIFTQK_EXPECTS(rank >= 0 && rank < world, "rank " + std::to_string(rank) + " is outside [0, " +
+                                                 std::to_string(world) + ")");
   SWIFTQK_EXPECTS(config.token_capacity >= 1, "CommConfig.token_capacity must be >= 1");
   SWIFTQK_EXPECTS(config.timeout_s > 0.0, "CommConfig.timeout_s must be > 0");
   SWIFTQK_EXPECTS(config.sm_budget >= 0, "CommConfig.sm_budget must be >= 0 (0 = all SMs)");
@@ -68,8 +68,8 @@ void CommState::allocate_local() {
   SWIFTQK_CUDA_TRY(cudaMemset(d_state, 0, sizeof(CallState)));
   SWIFTQK_CUDA_TRY(cudaMalloc(&d_failure, sizeof(FailureRecord)));
   SWIFTQK_CUDA_TRY(cudaMemset(d_failure, 0, sizeof(FailureRecord)));
-  SWIFTQK_CUDA_TRY(
-      cudaHostAlloc(reinterpret_cast<void**>(&h_failure), sizeof(FailureRecord), cudaHostAllocMapped));
+  SWIFTQK_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&h_failure), sizeof(FailureRecord),
+                                 cudaHostAllocMapped));
   std::memset(h_failure, 0, sizeof(FailureRecord));
   SWIFTQK_CUDA_TRY(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&h_failure_dev), h_failure, 0));
@@ -120,8 +120,7 @@ RankArgs CommState::rank_args() const {
 // P2P write test: thread j writes `round` into peer j's probe word for this rank, then every
 // thread waits for peer j's word in the local workspace.
 __global__ void probe_kernel(uint8_t* const* peers, uint8_t* local, int rank, int world,
-                             std::size_t probe_off, uint64_t round, uint64_t timeout_ns,
-                             int* ok) {
+                             std::size_t probe_off, uint64_t round, uint64_t timeout_ns, int* ok) {
   const int j = threadIdx.x;
   if (j < world) {
     uint64_t* dst = reinterpret_cast<uint64_t*>(peers[j] + probe_off) + rank;
@@ -211,8 +210,8 @@ bool Communicator::probe_peers(cudaStream_t stream) {
       cudaMemcpyAsync(s.d_probe_ok, s.h_probe_ok, sizeof(int), cudaMemcpyHostToDevice, stream));
   const uint64_t round = ++s.probe_round;
   detail::probe_kernel<<<1, 32, 0, stream>>>(
-      s.d_peers, s.local_ws, s.rank, s.world, probe_offset(s.world, s.config.token_capacity),
-      round, static_cast<uint64_t>(s.config.timeout_s * 1e9), s.d_probe_ok);
+      s.d_peers, s.local_ws, s.rank, s.world, probe_offset(s.world, s.config.token_capacity), round,
+      static_cast<uint64_t>(s.config.timeout_s * 1e9), s.d_probe_ok);
   SWIFTQK_CUDA_TRY(cudaGetLastError());
   SWIFTQK_CUDA_TRY(
       cudaMemcpyAsync(s.h_probe_ok, s.d_probe_ok, sizeof(int), cudaMemcpyDeviceToHost, stream));
@@ -238,8 +237,8 @@ std::vector<Communicator> Communicator::create_local_group(const std::vector<int
       if (a == b) continue;
       int can = 0;
       SWIFTQK_CUDA_TRY(cudaDeviceCanAccessPeer(&can, a, b));
-      SWIFTQK_EXPECTS(can, "create_local_group: GPU " + std::to_string(a) +
-                               " cannot access GPU " + std::to_string(b) +
+      SWIFTQK_EXPECTS(can, "create_local_group: GPU " + std::to_string(a) + " cannot access GPU " +
+                               std::to_string(b) +
                                " (no P2P); use one process per GPU with the NCCL fallback");
       DeviceGuard guard(a);
       const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
@@ -370,8 +369,8 @@ Communicator Communicator::from_nccl(ncclComm_t nccl, const CommConfig& config,
   SWIFTQK_CUDA_TRY(cudaMemcpyAsync(d_buf, mine.data(), n, cudaMemcpyHostToDevice, stream));
   SWIFTQK_NCCL_TRY(ncclAllGather(d_buf, d_buf + n, n, ncclUint8, nccl, stream));
   std::vector<uint8_t> all(n * world);
-  SWIFTQK_CUDA_TRY(cudaMemcpyAsync(all.data(), d_buf + n, n * world, cudaMemcpyDeviceToHost,
-                                   stream));
+  SWIFTQK_CUDA_TRY(
+      cudaMemcpyAsync(all.data(), d_buf + n, n * world, cudaMemcpyDeviceToHost, stream));
   SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
   SWIFTQK_CUDA_TRY(cudaFree(d_buf));
   std::vector<std::vector<uint8_t>> handles(world);

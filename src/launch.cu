@@ -26,10 +26,14 @@ KernelFn pick_order(NormOrder o) {
 template <typename Tin, int VEC>
 KernelFn pick_vpt(int vpt, NormOrder o) {
   switch (vpt) {
-    case 1: return pick_order<Tin, VEC, 1>(o);
-    case 2: return pick_order<Tin, VEC, 2>(o);
-    case 4: return pick_order<Tin, VEC, 4>(o);
-    default: return pick_order<Tin, VEC, 0>(o);
+    case 1:
+      return pick_order<Tin, VEC, 1>(o);
+    case 2:
+      return pick_order<Tin, VEC, 2>(o);
+    case 4:
+      return pick_order<Tin, VEC, 4>(o);
+    default:
+      return pick_order<Tin, VEC, 0>(o);
   }
 }
 
@@ -42,14 +46,17 @@ KernelFn pick_vec(bool vector_path, int vpt, NormOrder o) {
 
 KernelFn pick_kernel(DType t, bool vector_path, int vpt, NormOrder o) {
   switch (t) {
-    case DType::kF32: return pick_vec<float>(vector_path, vpt, o);
-    case DType::kF16: return pick_vec<__half>(vector_path, vpt, o);
-    case DType::kBF16: return pick_vec<__nv_bfloat16>(vector_path, vpt, o);
-    case DType::kF8E4M3: return pick_vec<__nv_fp8_e4m3>(vector_path, vpt, o);
+    case DType::kF32:
+      return pick_vec<float>(vector_path, vpt, o);
+    case DType::kF16:
+      return pick_vec<__half>(vector_path, vpt, o);
+    case DType::kBF16:
+      return pick_vec<__nv_bfloat16>(vector_path, vpt, o);
+    case DType::kF8E4M3:
+      return pick_vec<__nv_fp8_e4m3>(vector_path, vpt, o);
   }
   SWIFTQK_FAIL("unknown dtype");
 }
-
 
 // Occupancy, asked once per kernel, block size, shared memory and device. The first time a
 // kernel is seen on a device its dynamic shared-memory limit is raised to the device's maximum,
@@ -131,8 +138,9 @@ void check_group_agrees(const std::vector<Communicator*>& comms,
     const detail::CommState& s = comms[i]->state();
     const std::string who = "launch_qk_norm_group: rank slot " + std::to_string(i);
     SWIFTQK_EXPECTS(s.world == s0.world, who + " belongs to a group of another size");
-    SWIFTQK_EXPECTS(s.device == s0.device, who + " is on another GPU; a group launch serves "
-                                                 "virtual ranks of one GPU");
+    SWIFTQK_EXPECTS(s.device == s0.device, who +
+                                               " is on another GPU; a group launch serves "
+                                               "virtual ranks of one GPU");
     SWIFTQK_EXPECTS(s.config.token_capacity == s0.config.token_capacity,
                     who + " has another token_capacity");
     SWIFTQK_EXPECTS(p.tokens == p0.tokens && p.q_full_width == p0.q_full_width &&
@@ -140,8 +148,7 @@ void check_group_agrees(const std::vector<Communicator*>& comms,
                         p.order == p0.order && p.eps == p0.eps,
                     who + " differs from slot 0 in tokens, full widths, dtype, order or eps");
     for (std::size_t j = 0; j < i; ++j) {
-      SWIFTQK_EXPECTS(comms[j]->state().rank != s.rank ||
-                          comms[j]->state().local_ws != s.local_ws,
+      SWIFTQK_EXPECTS(comms[j]->state().rank != s.rank || comms[j]->state().local_ws != s.local_ws,
                       who + " repeats a communicator");
     }
   }
@@ -205,8 +212,8 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.q_inv_full = 1.0f / static_cast<float>(p0.q_full_width);
   a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
   a.eps = p0.eps;
-  a.config_hash = config_hash(p0.q_full_width, p0.k_full_width, world, p0.eps,
-                              static_cast<int>(p0.order));
+  a.config_hash =
+      config_hash(p0.q_full_width, p0.k_full_width, world, p0.eps, static_cast<int>(p0.order));
   a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
 
   for (int64_t first = 0; first < p0.tokens; first += cap) {

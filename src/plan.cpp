@@ -51,8 +51,8 @@ GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_bloc
   const int64_t per_rank_cap = resident / ranks;
   SWIFTQK_EXPECTS(per_rank_cap >= 1, "plan_grid: " + std::to_string(ranks) +
                                          " ranks in one launch need at least one resident block "
-                                         "each, but only " + std::to_string(resident) +
-                                         " fit in the SM budget");
+                                         "each, but only " +
+                                         std::to_string(resident) + " fit in the SM budget");
   GridPlan g;
   g.ranks = ranks;
   const int64_t wanted = std::max<int64_t>(1, ceil_div(tokens, tokens_per_block));
@@ -60,8 +60,7 @@ GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_bloc
   return g;
 }
 
-uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps,
-                     int order) {
+uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps, int order) {
   // FNV-1a over the values every rank must agree on.
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](uint64_t v) {

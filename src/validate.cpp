@@ -38,14 +38,14 @@ bool overlaps(const Extent& a, const Extent& b) {
 void check_shard(const char* name, const ShardView& v, int64_t tokens, int64_t full_width,
                  int world, DType in_t, DType out_t) {
   const std::string n(name);
-  SWIFTQK_EXPECTS(full_width > 0, n + "_full_width must be positive, got " +
-                                      std::to_string(full_width));
-  SWIFTQK_EXPECTS(full_width % world == 0,
-                  n + "_full_width " + std::to_string(full_width) +
-                      " is not divisible by the TP degree " + std::to_string(world));
+  SWIFTQK_EXPECTS(full_width > 0,
+                  n + "_full_width must be positive, got " + std::to_string(full_width));
+  SWIFTQK_EXPECTS(full_width % world == 0, n + "_full_width " + std::to_string(full_width) +
+                                               " is not divisible by the TP degree " +
+                                               std::to_string(world));
   SWIFTQK_EXPECTS(v.width == full_width / world,
-                  n + ".width is " + std::to_string(v.width) + " but " + n + "_full_width / TP = " +
-                      std::to_string(full_width / world));
+                  n + ".width is " + std::to_string(v.width) + " but " + n +
+                      "_full_width / TP = " + std::to_string(full_width / world));
   SWIFTQK_EXPECTS(v.in_stride >= v.width, n + ".in_stride " + std::to_string(v.in_stride) +
                                               " is smaller than the width " +
                                               std::to_string(v.width));

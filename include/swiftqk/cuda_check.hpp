@@ -9,24 +9,24 @@
 #include "swiftqk/error.hpp"
 
 /// @brief Throws swiftqk::Error with the CUDA error's name and text when call fails.
-#define SWIFTQK_CUDA_TRY(call)                                                          \
-  do {                                                                                  \
-    cudaError_t swiftqk_status_ = (call);                                               \
-    if (swiftqk_status_ != cudaSuccess) {                                               \
-      ::swiftqk::detail::fail(std::string(#call) + " failed: " +                        \
-                                  cudaGetErrorName(swiftqk_status_) + " (" +            \
-                                  cudaGetErrorString(swiftqk_status_) + ")",            \
-                              __FILE__, __LINE__);                                      \
-    }                                                                                   \
+#define SWIFTQK_CUDA_TRY(call)                                                             \
+  do {                                                                                     \
+    cudaError_t swiftqk_status_ = (call);                                                  \
+    if (swiftqk_status_ != cudaSuccess) {                                                  \
+      ::swiftqk::detail::fail(std::string(#call) +                                         \
+                                  " failed: " + cudaGetErrorName(swiftqk_status_) + " (" + \
+                                  cudaGetErrorString(swiftqk_status_) + ")",               \
+                              __FILE__, __LINE__);                                         \
+    }                                                                                      \
   } while (0)
 
 /// @brief Throws swiftqk::Error with NCCL's error text when call fails (needs <nccl.h>).
-#define SWIFTQK_NCCL_TRY(call)                                                            \
-  do {                                                                                    \
-    ncclResult_t swiftqk_nccl_status_ = (call);                                           \
-    if (swiftqk_nccl_status_ != ncclSuccess) {                                            \
-      ::swiftqk::detail::fail(std::string(#call) + " failed: " +                          \
-                                  ncclGetErrorString(swiftqk_nccl_status_),               \
-                              __FILE__, __LINE__);                                        \
-    }                                                                                     \
+#define SWIFTQK_NCCL_TRY(call)                                                                   \
+  do {                                                                                           \
+    ncclResult_t swiftqk_nccl_status_ = (call);                                                  \
+    if (swiftqk_nccl_status_ != ncclSuccess) {                                                   \
+      ::swiftqk::detail::fail(                                                                   \
+          std::string(#call) + " failed: " + ncclGetErrorString(swiftqk_nccl_status_), __FILE__, \
+          __LINE__);                                                                             \
+    }                                                                                            \
   } while (0)

@@ -30,8 +30,8 @@ namespace detail {
 }  // namespace swiftqk
 
 /// @brief Throws swiftqk::Error naming the broken expectation when cond is false.
-#define SWIFTQK_EXPECTS(cond, message)                                    \
-  do {                                                                    \
+#define SWIFTQK_EXPECTS(cond, message)                                   \
+  do {                                                                   \
     if (!(cond)) ::swiftqk::detail::fail((message), __FILE__, __LINE__); \
   } while (0)
 

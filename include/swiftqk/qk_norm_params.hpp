@@ -10,13 +10,13 @@ namespace swiftqk {
 /// @brief One rank's local rows of Q or K: `tokens` rows of `width` elements.
 /// Strides are in elements, so a shard can be a column slice of a fused QKV output.
 struct ShardView {
-  const void* in = nullptr;   ///< [tokens, width] with row stride in_stride, dtype in_dtype
-  void* out = nullptr;        ///< [tokens, width] with row stride out_stride; may alias in
+  const void* in = nullptr;      ///< [tokens, width] with row stride in_stride, dtype in_dtype
+  void* out = nullptr;           ///< [tokens, width] with row stride out_stride; may alias in
   const void* weight = nullptr;  ///< [width] local slice of the norm weight, dtype = output dtype
-  int64_t width = 0;          ///< local width = full width / world size
-  int64_t in_stride = 0;      ///< elements between consecutive input rows (>= width)
-  int64_t out_stride = 0;     ///< elements between consecutive output rows (>= width)
-  float in_scale = 1.0f;      ///< per-tensor dequantisation scale (fp8 inputs; 1 otherwise)
+  int64_t width = 0;             ///< local width = full width / world size
+  int64_t in_stride = 0;         ///< elements between consecutive input rows (>= width)
+  int64_t out_stride = 0;        ///< elements between consecutive output rows (>= width)
+  float in_scale = 1.0f;         ///< per-tensor dequantisation scale (fp8 inputs; 1 otherwise)
 };
 
 /// @brief Everything one rank's launch needs besides the communicator and the stream.
@@ -29,7 +29,7 @@ struct QkNormParams {
   DType in_dtype = DType::kBF16;  ///< Q and K input type; output and weight are output_dtype_for
   float eps = 1e-6f;              ///< added to mean(x^2) over the FULL width
   NormOrder order = NormOrder::kOlmo2;
-  float* rstd_out = nullptr;      ///< optional [tokens, 2] fp32: the 1/rms used for (q, k)
+  float* rstd_out = nullptr;  ///< optional [tokens, 2] fp32: the 1/rms used for (q, k)
 };
 
 /// @brief Throws swiftqk::Error naming the first problem with p for a group of world_size ranks.

@@ -57,10 +57,10 @@ struct LaunchArgs {
   int blocks_per_rank;  // blockIdx.x / blocks_per_rank picks r[]
   int group_threads;    // threads per token row
   int tokens_per_block;
-  int order;            // NormOrder
-  int64_t tokens;       // rows in this launch (one chunk)
-  int64_t q_width, k_width;  // local widths in elements
-  int64_t capacity;          // token slots per bank
+  int order;                     // NormOrder
+  int64_t tokens;                // rows in this launch (one chunk)
+  int64_t q_width, k_width;      // local widths in elements
+  int64_t capacity;              // token slots per bank
   float q_inv_full, k_inv_full;  // 1 / full width
   float eps;
   uint32_t config_hash;

@@ -94,14 +94,14 @@ __device__ inline void publish_partials(const LaunchArgs& a, const RankArgs& ra,
 /// rank's slots, sum them in rank order 0..world-1 so every rank gets a bitwise-identical total,
 /// and mark the slots consumed. Returns false if the wait failed (recorded for the host).
 __device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra, int64_t t,
-                                        uint32_t tag, uint32_t ktag, int bank, float& q,
-                                        float& k) {
+                                        uint32_t tag, uint32_t ktag, int bank, float& q, float& k) {
   const int lane = threadIdx.x & 31;
   const int world = a.world;
   // Lane j watches the slot rank j writes into this rank's workspace.
-  uint64_t* mine = lane < world ? reinterpret_cast<uint64_t*>(
-                                      ra.local_ws + slot_offset(world, a.capacity, bank, t, lane))
-                                : nullptr;
+  uint64_t* mine =
+      lane < world
+          ? reinterpret_cast<uint64_t*>(ra.local_ws + slot_offset(world, a.capacity, bank, t, lane))
+          : nullptr;
   uint64_t w0 = 0, w1 = 0;
   bool have = lane >= world;
   const uint64_t start = global_timer_ns();
@@ -151,8 +151,7 @@ constexpr int kStages = 4;
 /// 16-byte input vectors, then the block's copy of the weight slice.
 constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_block,
                                         std::size_t weight_bytes) {
-  return static_cast<std::size_t>(kStages) * tokens_per_block * vectors_per_row * 16 +
-         weight_bytes;
+  return static_cast<std::size_t>(kStages) * tokens_per_block * vectors_per_row * 16 + weight_bytes;
 }
 
 /// VPT > 0 (vector path): rows are staged through shared memory kStages tokens ahead with
@@ -160,15 +159,14 @@ constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_
 /// VPT == 0: rows are streamed twice from global memory (the second read hits L2); used for
 /// rows too wide to stage and for the scalar path.
 template <typename Tin, int VEC, int VPT, bool kOlmo2>
-__global__ void __launch_bounds__(1024)
-    swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
+__global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
   using Tout = typename OutputOf<Tin>::type;
   using InVec = Vec<Tin, VEC>;
   static_assert(VPT == 0 || sizeof(InVec) == 16, "staging moves 16-byte vectors");
   // Dynamic shared memory: [kStages][tokens_per_block][n] input vectors, then the weights.
   extern __shared__ uint4 s_stage[];
-  __shared__ float2 s_part[32];       // per warp: (q, k) partial sums
-  __shared__ float2 s_rstd[32];       // per group: (q, k) 1/rms times the input scale
+  __shared__ float2 s_part[32];  // per warp: (q, k) partial sums
+  __shared__ float2 s_rstd[32];  // per group: (q, k) 1/rms times the input scale
   __shared__ int s_abort;
 
   const int slot_rank = blockIdx.x / a.blocks_per_rank;
@@ -195,7 +193,8 @@ __global__ void __launch_bounds__(1024)
   // This thread's vectors of stage s (only the thread that copies a vector ever reads it, so
   // cp_async_wait alone makes it visible; no barrier is needed for the data).
   auto stage = [&](int s) {
-    return reinterpret_cast<InVec*>(s_stage) + (static_cast<int64_t>(s) * a.tokens_per_block + g) * n;
+    return reinterpret_cast<InVec*>(s_stage) +
+           (static_cast<int64_t>(s) * a.tokens_per_block + g) * n;
   };
   auto issue = [&](int64_t tk, int s) {
     if constexpr (VPT > 0) {
@@ -235,7 +234,7 @@ __global__ void __launch_bounds__(1024)
 
   for (int64_t it = 0; it < iterations + (defer ? 1 : 0); ++it) {
     const int64_t t = first + it * step + g;  // the token reduced and published
-    const int64_t tw = defer ? t - step : t;   // the token collected and written
+    const int64_t tw = defer ? t - step : t;  // the token collected and written
     const bool active = it < iterations && t < T;
     const bool active_write = tw >= 0 && tw < T && (!defer || it > 0);
     const int cur = static_cast<int>(it % kStages);

@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
     IpcBootstrap boot(rank, world, device, cfg);
     write_file(dir + "/handle_" + std::to_string(rank), boot.local_handle());
     std::vector<std::vector<uint8_t>> handles;
-    for (int r = 0; r < world; ++r) handles.push_back(wait_file(dir + "/handle_" + std::to_string(r), 60));
+    for (int r = 0; r < world; ++r)
+      handles.push_back(wait_file(dir + "/handle_" + std::to_string(r), 60));
     Communicator comm = boot.connect(handles);
     barrier(dir, "opened", rank, world);
     cudaStream_t s;

@@ -34,8 +34,8 @@ int run_group(int world, int64_t tokens, int calls) {
   std::filesystem::create_directories(dir);
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> args = {worker_path(), std::to_string(r), std::to_string(world),
-                                     dir, std::to_string(tokens), std::to_string(calls)};
+    std::vector<std::string> args = {worker_path(), std::to_string(r),      std::to_string(world),
+                                     dir,           std::to_string(tokens), std::to_string(calls)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

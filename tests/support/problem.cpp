@@ -12,8 +12,8 @@ namespace {
 // Runs f(begin, end) over [0, n) split across the machine's cores.
 template <typename F>
 void parallel_for(int64_t n, F f) {
-  const int64_t workers = std::max<int64_t>(
-      1, std::min<int64_t>(std::thread::hardware_concurrency(), n / 64 + 1));
+  const int64_t workers =
+      std::max<int64_t>(1, std::min<int64_t>(std::thread::hardware_concurrency(), n / 64 + 1));
   std::vector<std::thread> pool;
   for (int64_t w = 0; w < workers; ++w) {
     pool.emplace_back([=, &f] { f(n * w / workers, n * (w + 1) / workers); });
@@ -23,8 +23,8 @@ void parallel_for(int64_t n, F f) {
 
 // Row t draws from its own generator seeded by (seed, t), so rows fill in parallel and the
 // values do not depend on the number of threads.
-void fill_rows(std::vector<uint8_t>& raw, std::vector<double>& exact, int64_t tokens,
-               int64_t width, DType in, float& scale, uint64_t seed) {
+void fill_rows(std::vector<uint8_t>& raw, std::vector<double>& exact, int64_t tokens, int64_t width,
+               DType in, float& scale, uint64_t seed) {
   std::vector<float> v(static_cast<std::size_t>(tokens * width));
   parallel_for(tokens, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -75,8 +75,8 @@ void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
 
 }  // namespace
 
-Problem Problem::random(int64_t tokens, int64_t q_width, int64_t k_width, DType in,
-                        NormOrder order, float eps, uint64_t seed) {
+Problem Problem::random(int64_t tokens, int64_t q_width, int64_t k_width, DType in, NormOrder order,
+                        float eps, uint64_t seed) {
   Problem p;
   p.tokens = tokens;
   p.q_width = q_width;
@@ -114,10 +114,10 @@ RankData make_rank(const Problem& p, int world, int rank, Layout layout) {
   prm.k.in_scale = p.k_scale;
   d.wq = DeviceBuffer(qs * os);
   d.wk = DeviceBuffer(ks * os);
-  SWIFTQK_CUDA_TRY(cudaMemcpy(d.wq.get(), p.wq.data() + rank * qs * os, qs * os,
-                              cudaMemcpyHostToDevice));
-  SWIFTQK_CUDA_TRY(cudaMemcpy(d.wk.get(), p.wk.data() + rank * ks * os, ks * os,
-                              cudaMemcpyHostToDevice));
+  SWIFTQK_CUDA_TRY(
+      cudaMemcpy(d.wq.get(), p.wq.data() + rank * qs * os, qs * os, cudaMemcpyHostToDevice));
+  SWIFTQK_CUDA_TRY(
+      cudaMemcpy(d.wk.get(), p.wk.data() + rank * ks * os, ks * os, cudaMemcpyHostToDevice));
   prm.q.weight = d.wq.get();
   prm.k.weight = d.wk.get();
   d.rstd = DeviceBuffer(2 * rows * sizeof(float));

@@ -62,8 +62,8 @@ struct Problem {
   DType out() const { return output_dtype_for(in); }
   /// Normal values with a per-token magnitude spread over ~2 decades (never zeros); weights
   /// uniform in [0.25, 2). fp8 inputs get a per-tensor scale (amax / 448) and a saturating cast.
-  static Problem random(int64_t tokens, int64_t q_width, int64_t k_width, DType in,
-                        NormOrder order, float eps, uint64_t seed);
+  static Problem random(int64_t tokens, int64_t q_width, int64_t k_width, DType in, NormOrder order,
+                        float eps, uint64_t seed);
   /// Refills q and k with fresh random values (weights kept).
   void refill(uint64_t seed);
   std::vector<double> gold_q() const { return ref::rms_norm_fp64(qd, wqd, tokens, q_width, eps); }
@@ -72,8 +72,8 @@ struct Problem {
 
 /// How a rank's Q and K shards sit in memory.
 enum class Layout {
-  kSeparate,      // q_in, k_in, q_out, k_out separate dense buffers
-  kFusedInPlace,  // column views of one [tokens, q+2k] QKV buffer, normalised in place
+  kSeparate,         // q_in, k_in, q_out, k_out separate dense buffers
+  kFusedInPlace,     // column views of one [tokens, q+2k] QKV buffer, normalised in place
   kFusedOutOfPlace,  // views of a fused input buffer into a second fused output buffer
 };
 

@@ -379,6 +379,7 @@ Communicator Communicator::from_nccl(ncclComm_t nccl, const CommConfig& config,
   // Every rank has opened its peers before any rank writes into them.
   int* d_flag = nullptr;
   SWIFTQK_CUDA_TRY(cudaMalloc(&d_flag, sizeof(int)));
+  SWIFTQK_CUDA_TRY(cudaMemsetAsync(d_flag, 0, sizeof(int), stream));
   SWIFTQK_NCCL_TRY(ncclAllReduce(d_flag, d_flag, 1, ncclInt32, ncclSum, nccl, stream));
   SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
   SWIFTQK_CUDA_TRY(cudaFree(d_flag));

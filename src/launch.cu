@@ -147,9 +147,12 @@ void check_group_agrees(const std::vector<Communicator*>& comms,
                         p.k_full_width == p0.k_full_width && p.in_dtype == p0.in_dtype &&
                         p.order == p0.order && p.eps == p0.eps,
                     who + " differs from slot 0 in tokens, full widths, dtype, order or eps");
+    SWIFTQK_EXPECTS(s.peers == s0.peers,
+                    who + " belongs to another group (its peer table differs from slot 0's)");
     for (std::size_t j = 0; j < i; ++j) {
-      SWIFTQK_EXPECTS(comms[j]->state().rank != s.rank || comms[j]->state().local_ws != s.local_ws,
-                      who + " repeats a communicator");
+      SWIFTQK_EXPECTS(
+          comms[j]->state().rank != s.rank,
+          who + " repeats rank " + std::to_string(s.rank) + " of slot " + std::to_string(j));
     }
   }
 }

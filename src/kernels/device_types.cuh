@@ -6,6 +6,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace swiftqk::detail {
 
@@ -18,34 +19,18 @@ struct alignas(sizeof(T) * VEC >= 16 ? 16 : sizeof(T) * VEC) Vec {
 /// Raw word types of 1..32 bytes: Vec loads and stores go through them, because a plain copy of a
 /// struct of __nv_bfloat16 is split into 2-byte accesses.
 template <int kBytes>
-struct Word;
-template <>
-struct Word<1> {
-  using type = uint8_t;
-};
-template <>
-struct Word<2> {
-  using type = uint16_t;
-};
-template <>
-struct Word<4> {
-  using type = uint32_t;
-};
-template <>
-struct Word<8> {
-  using type = uint2;
-};
-template <>
-struct Word<16> {
-  using type = uint4;
-};
+using Word = std::conditional_t<
+    kBytes == 1, uint8_t,
+    std::conditional_t<
+        kBytes == 2, uint16_t,
+        std::conditional_t<kBytes == 4, uint32_t, std::conditional_t<kBytes == 8, uint2, uint4>>>>;
 
 /// One access per 16 bytes (two for a 32-byte vector), whatever the element type.
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> load_vec(const Vec<T, VEC>* p) {
   constexpr int kBytes = sizeof(Vec<T, VEC>);
   constexpr int kWord = kBytes > 16 ? 16 : kBytes;
-  using W = typename Word<kWord>::type;
+  using W = Word<kWord>;
   Vec<T, VEC> r;
   const W* src = reinterpret_cast<const W*>(p);
   W* dst = reinterpret_cast<W*>(&r);
@@ -58,7 +43,7 @@ template <typename T, int VEC>
 __device__ __forceinline__ void store_vec(Vec<T, VEC>* p, const Vec<T, VEC>& v) {
   constexpr int kBytes = sizeof(Vec<T, VEC>);
   constexpr int kWord = kBytes > 16 ? 16 : kBytes;
-  using W = typename Word<kWord>::type;
+  using W = Word<kWord>;
   const W* src = reinterpret_cast<const W*>(&v);
   W* dst = reinterpret_cast<W*>(p);
 #pragma unroll

@@ -104,6 +104,12 @@ TEST(Faults, BadInputWritesNothing) {
   bad = r1.params;
   bad.tokens = 9;  // disagrees with rank 0
   EXPECT_THROW(launch_qk_norm_group(cp, {r0.params, bad}, nullptr), Error);
+  // The same rank twice, and ranks of two different groups, in one launch.
+  EXPECT_THROW(launch_qk_norm_group({&comms[0], &comms[0]}, {r0.params, r1.params}, nullptr),
+               Error);
+  auto other = Communicator::create_local_group({0, 0});
+  EXPECT_THROW(launch_qk_norm_group({&comms[0], &other[1]}, {r0.params, r1.params}, nullptr),
+               Error);
   CommConfig fixed;
   fixed.token_capacity = 4;
   fixed.chunk_oversize = false;

@@ -121,8 +121,8 @@ std::string device_name() {
   return p.name;
 }
 
-json run_swiftqk(const Options& o, const Model& m, int tp, int64_t tokens, DType dt,
-                 NormOrder order, double copy_bw, cudaStream_t s) {
+json run_method(const Options& o, Method method, const Model& m, int tp, int64_t tokens, DType dt,
+                NormOrder order, double copy_bw, cudaStream_t s) {
   CommConfig cfg;
   cfg.token_capacity = std::max<int64_t>(16384, tokens);
   auto comms = Communicator::create_local_group(std::vector<int>(tp, 0), cfg);
@@ -135,7 +135,10 @@ json run_swiftqk(const Options& o, const Model& m, int tp, int64_t tokens, DType
       (std::size_t(120) << 20) / std::max<std::size_t>(set_bytes, 1) + 1, 1, 8));
   std::vector<std::vector<RankData>> data(sets);
   for (auto& ranks : data) {
-    for (int r = 0; r < tp; ++r) ranks.push_back(make_rank(p, tp, r, Layout::kSeparate));
+    for (int r = 0; r < tp; ++r) {
+      ranks.push_back(make_rank(p, tp, r, Layout::kSeparate));
+      ranks.back().params.method = method;
+    }
   }
   // Correctness first, on fresh inputs into poisoned outputs, in the mode being timed.
   p.refill(31337);
@@ -161,7 +164,7 @@ json run_swiftqk(const Options& o, const Model& m, int tp, int64_t tokens, DType
       static_cast<double>(m.q + m.k) * dtype_size(p.out());
   const double exch = tp > 1 ? static_cast<double>(tokens) * tp * tp * kSlotBytes : 0.0;
   json j;
-  j["method"] = "swiftqk";
+  j["method"] = to_string(method);
   j["model"] = m.name;
   j["q_width"] = m.q;
   j["k_width"] = m.k;
@@ -249,12 +252,13 @@ int main(int argc, char** argv) {
   Options o;
   std::string models = "olmoe,olmo2-7b,olmo2-13b,olmo3-32b,minimax-m2";
   std::string shapes, tokens_s = "1,16,64,256,1024,4096,16384", tps = "1,2,4,8";
-  std::string dtypes = "bf16", order_s = "model", json_path;
+  std::string dtypes = "bf16", order_s = "model", json_path, methods = "swiftqk";
   app.add_option("--models", models, "model shapes by name (comma separated)");
   app.add_option("--shapes", shapes, "extra custom shapes Q:K[,Q:K...]");
   app.add_option("--tokens", tokens_s, "token counts");
   app.add_option("--tp", tps, "TP degrees (virtual ranks on one GPU)");
   app.add_option("--dtype", dtypes, "input dtypes: bf16,f16,f32,fp8");
+  app.add_option("--methods", methods, "methods: swiftqk,minimax_fused");
   app.add_option("--order", order_s, "norm order: model (each model's own), olmo2 or llama");
   app.add_option("--mode", o.mode, "graph or eager")->check(CLI::IsMember({"graph", "eager"}));
   app.add_option("--iters", o.iters, "timed repetitions (median and percentiles over these)");
@@ -263,6 +267,14 @@ int main(int argc, char** argv) {
   app.add_option("--commit", o.commit, "commit recorded in the JSON");
   app.add_option("--json", json_path, "write results as a JSON array here");
   CLI11_PARSE(app, argc, argv);
+  try {  // names are checked before anything runs, GPU or not
+    for (const auto& d : split(dtypes)) parse_dtype(d);
+    for (const auto& m : split(methods)) parse_method(m);
+    if (order_s != "model") parse_norm_order(order_s);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "swiftqk_bench: %s\n", e.what());
+    return 2;
+  }
 
   if (!has_gpu()) {
     std::printf(
@@ -292,7 +304,7 @@ int main(int argc, char** argv) {
               copy_bw);
   json all = json::array();
   int64_t total_wrong = 0;
-  std::printf("%-10s %-11s %5s %5s %3s %6s %5s %6s %9s %9s %9s %7s %6s %6s %9s\n", "method",
+  std::printf("%-13s %-11s %5s %5s %3s %6s %5s %6s %9s %9s %9s %7s %6s %6s %9s\n", "method",
               "model", "q", "k", "tp", "tokens", "dtype", "order", "median_us", "p10_us", "p99_us",
               "GB/s", "%copy", "wrong", "max_err");
   for (const Model& m : run_models) {
@@ -303,19 +315,22 @@ int main(int argc, char** argv) {
         const int tp = std::stoi(tps_one);
         if (m.q % tp != 0 || m.k % tp != 0) continue;
         for (const auto& ts : split(tokens_s)) {
-          const int64_t t = std::stoll(ts);
-          json j = run_swiftqk(o, m, tp, t, dt, order, copy_bw, s);
-          total_wrong += j["wrong"].get<int64_t>();
-          std::printf(
-              "%-10s %-11s %5lld %5lld %3d %6lld %5s %6s %9.2f %9.2f %9.2f %7.0f %6.1f %6lld "
-              "%9.2e%s\n",
-              "swiftqk", m.name.c_str(), (long long)m.q, (long long)m.k, tp, (long long)t,
-              dts.c_str(), to_string(order).c_str(), j["median_us"].get<double>(),
-              j["p10_us"].get<double>(), j["p99_us"].get<double>(), j["gbps"].get<double>(),
-              100 * j["frac_of_copy"].get<double>(), (long long)j["wrong"].get<int64_t>(),
-              j["max_abs_err"].get<double>(), j["wrong"].get<int64_t>() ? "  <-- WRONG" : "");
-          std::fflush(stdout);
-          all.push_back(j);
+          for (const auto& ms : split(methods)) {
+            const Method method = parse_method(ms);
+            const int64_t t = std::stoll(ts);
+            json j = run_method(o, method, m, tp, t, dt, order, copy_bw, s);
+            total_wrong += j["wrong"].get<int64_t>();
+            std::printf(
+                "%-13s %-11s %5lld %5lld %3d %6lld %5s %6s %9.2f %9.2f %9.2f %7.0f %6.1f %6lld "
+                "%9.2e%s\n",
+                "swiftqk", m.name.c_str(), (long long)m.q, (long long)m.k, tp, (long long)t,
+                dts.c_str(), to_string(order).c_str(), j["median_us"].get<double>(),
+                j["p10_us"].get<double>(), j["p99_us"].get<double>(), j["gbps"].get<double>(),
+                100 * j["frac_of_copy"].get<double>(), (long long)j["wrong"].get<int64_t>(),
+                j["max_abs_err"].get<double>(), j["wrong"].get<int64_t>() ? "  <-- WRONG" : "");
+            std::fflush(stdout);
+            all.push_back(j);
+          }
         }
       }
     }

@@ -36,6 +36,22 @@ void* DeviceAllocations::allocate(int device, std::size_t bytes) {
   return p;
 }
 
+// Marks every word of the MiniMax-fused baseline's Lamport buffers empty (-0.0).
+__global__ void fill_lamport_empty(uint32_t* p, std::size_t words) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < words;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    p[i] = kLamportEmpty;
+  }
+}
+
+void mark_lamport_empty(uint8_t* ws, int world, int64_t capacity) {
+  const std::size_t off = lamport_offset(world, capacity);
+  const std::size_t words = (workspace_bytes(world, capacity) - off) / 4;
+  fill_lamport_empty<<<256, 256>>>(reinterpret_cast<uint32_t*>(ws + off), words);
+  SWIFTQK_CUDA_TRY(cudaGetLastError());
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+}
+
 CommState::~CommState() {
   int prev = 0;
   cudaGetDevice(&prev);
@@ -57,13 +73,15 @@ void CommState::allocate_local() {
       "TP degree must be in [1, " + std::to_string(kMaxWorld) + "], got " + std::to_string(world));
   SWIFTQK_EXPECTS(rank >= 0 && rank < world, "rank " + std::to_string(rank) + " is outside [0, " +
                                                  std::to_string(world) + ")");
-  SWIFTQK_EXPECTS(config.token_capacity >= 1, "CommConfig.token_capacity must be >= 1");
+  SWIFTQK_EXPECTS(config.token_capacity >= 1 && config.token_capacity <= (int64_t{1} << 31),
+                  "CommConfig.token_capacity must be in [1, 2^31]");
   SWIFTQK_EXPECTS(config.timeout_s > 0.0, "CommConfig.timeout_s must be > 0");
   SWIFTQK_EXPECTS(config.sm_budget >= 0, "CommConfig.sm_budget must be >= 0 (0 = all SMs)");
   DeviceGuard guard(device);
   if (!allocations) allocations = std::make_shared<DeviceAllocations>();
   local_ws = static_cast<uint8_t*>(
       allocations->allocate(device, workspace_bytes(world, config.token_capacity)));
+  mark_lamport_empty(local_ws, world, config.token_capacity);
   SWIFTQK_CUDA_TRY(cudaMalloc(&d_state, sizeof(CallState)));
   SWIFTQK_CUDA_TRY(cudaMemset(d_state, 0, sizeof(CallState)));
   SWIFTQK_CUDA_TRY(cudaMalloc(&d_failure, sizeof(FailureRecord)));
@@ -195,6 +213,7 @@ void Communicator::reset() {
   DeviceGuard guard(s.device);
   SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
   SWIFTQK_CUDA_TRY(cudaMemset(s.local_ws, 0, probe_offset(s.world, s.config.token_capacity)));
+  detail::mark_lamport_empty(s.local_ws, s.world, s.config.token_capacity);
   SWIFTQK_CUDA_TRY(cudaMemset(s.d_state, 0, sizeof(detail::CallState)));
   SWIFTQK_CUDA_TRY(cudaMemset(s.d_failure, 0, sizeof(detail::FailureRecord)));
   std::memset(s.h_failure, 0, sizeof(detail::FailureRecord));

@@ -17,43 +17,49 @@ namespace {
 using detail::LaunchArgs;
 using KernelFn = void (*)(LaunchArgs);
 
-template <typename Tin, int VEC, int VPT>
+template <typename Tin, int VEC, int VPT, bool kLamport>
 KernelFn pick_order(NormOrder o) {
-  return o == NormOrder::kOlmo2 ? detail::swiftqk_fused_kernel<Tin, VEC, VPT, true>
-                                : detail::swiftqk_fused_kernel<Tin, VEC, VPT, false>;
+  return o == NormOrder::kOlmo2 ? detail::swiftqk_fused_kernel<Tin, VEC, VPT, true, kLamport>
+                                : detail::swiftqk_fused_kernel<Tin, VEC, VPT, false, kLamport>;
+}
+
+template <typename Tin, int VEC, int VPT>
+KernelFn pick_method(Method m, NormOrder o) {
+  return m == Method::kMiniMaxFused ? pick_order<Tin, VEC, VPT, true>(o)
+                                    : pick_order<Tin, VEC, VPT, false>(o);
 }
 
 template <typename Tin, int VEC>
-KernelFn pick_vpt(int vpt, NormOrder o) {
+KernelFn pick_vpt(int vpt, Method m, NormOrder o) {
   switch (vpt) {
     case 1:
-      return pick_order<Tin, VEC, 1>(o);
+      return pick_method<Tin, VEC, 1>(m, o);
     case 2:
-      return pick_order<Tin, VEC, 2>(o);
+      return pick_method<Tin, VEC, 2>(m, o);
     case 4:
-      return pick_order<Tin, VEC, 4>(o);
+      return pick_method<Tin, VEC, 4>(m, o);
     default:
-      return pick_order<Tin, VEC, 0>(o);
+      return pick_method<Tin, VEC, 0>(m, o);
   }
 }
 
 template <typename Tin>
-KernelFn pick_vec(bool vector_path, int vpt, NormOrder o) {
+KernelFn pick_vec(bool vector_path, int vpt, Method m, NormOrder o) {
   constexpr int kVec = 16 / sizeof(Tin);
-  if (vector_path) return pick_vpt<Tin, kVec>(vpt, o);
-  return pick_order<Tin, 1, 0>(o);  // the scalar path always streams
+  if (vector_path) return pick_vpt<Tin, kVec>(vpt, m, o);
+  return pick_method<Tin, 1, 0>(m, o);  // the scalar path always streams
 }
 
-KernelFn pick_kernel(DType t, bool vector_path, int vpt, NormOrder o) {
+KernelFn pick_kernel(DType t, bool vector_path, int vpt, Method m, NormOrder o) {
   switch (t) {
     case DType::kF32:
-      return pick_vec<float>(vector_path, vpt, o);
+      return pick_vec<float>(vector_path, vpt, m, o);
     case DType::kF16:
-      return pick_vec<__half>(vector_path, vpt, o);
+      return pick_vec<__half>(vector_path, vpt, m, o);
     case DType::kBF16:
-      return pick_vec<__nv_bfloat16>(vector_path, vpt, o);
+      return pick_vec<__nv_bfloat16>(vector_path, vpt, m, o);
     case DType::kF8E4M3:
-      return pick_vec<__nv_fp8_e4m3>(vector_path, vpt, o);
+      return pick_vec<__nv_fp8_e4m3>(vector_path, vpt, m, o);
   }
   SWIFTQK_FAIL("unknown dtype");
 }
@@ -143,10 +149,11 @@ void check_group_agrees(const std::vector<Communicator*>& comms,
                                                "virtual ranks of one GPU");
     SWIFTQK_EXPECTS(s.config.token_capacity == s0.config.token_capacity,
                     who + " has another token_capacity");
-    SWIFTQK_EXPECTS(p.tokens == p0.tokens && p.q_full_width == p0.q_full_width &&
-                        p.k_full_width == p0.k_full_width && p.in_dtype == p0.in_dtype &&
-                        p.order == p0.order && p.eps == p0.eps,
-                    who + " differs from slot 0 in tokens, full widths, dtype, order or eps");
+    SWIFTQK_EXPECTS(
+        p.tokens == p0.tokens && p.q_full_width == p0.q_full_width &&
+            p.k_full_width == p0.k_full_width && p.in_dtype == p0.in_dtype && p.order == p0.order &&
+            p.eps == p0.eps && p.method == p0.method,
+        who + " differs from slot 0 in tokens, full widths, dtype, order, eps or method");
     SWIFTQK_EXPECTS(s.peers == s0.peers,
                     who + " belongs to another group (its peer table differs from slot 0's)");
     for (std::size_t j = 0; j < i; ++j) {
@@ -187,7 +194,8 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const int vec = vector_path ? static_cast<int>(16 / dtype_size(p0.in_dtype)) : 1;
   const int64_t qw = p0.q_full_width / world, kw = p0.k_full_width / world;
   const KernelShape shape = choose_kernel_shape(qw, kw, vec);
-  const KernelFn fn = pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.order);
+  const KernelFn fn =
+      pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method, p0.order);
 
   detail::DeviceGuard guard(s0.device);
   const std::size_t smem =

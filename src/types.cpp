@@ -41,6 +41,23 @@ std::string to_string(NormOrder o) {
   SWIFTQK_FAIL("invalid NormOrder value " + std::to_string(static_cast<int>(o)));
 }
 
+std::string to_string(Method m) {
+  switch (m) {
+    case Method::kSwiftQK:
+      return "swiftqk";
+    case Method::kMiniMaxFused:
+      return "minimax_fused";
+  }
+  SWIFTQK_FAIL("invalid Method value " + std::to_string(static_cast<int>(m)));
+}
+
+Method parse_method(const std::string& name) {
+  const std::string n = lower(name);
+  if (n == "swiftqk") return Method::kSwiftQK;
+  if (n == "minimax_fused" || n == "minimax-fused") return Method::kMiniMaxFused;
+  SWIFTQK_FAIL("unknown method '" + name + "'; accepted: swiftqk, minimax_fused");
+}
+
 DType parse_dtype(const std::string& name) {
   const std::string n = lower(name);
   if (n == "f32" || n == "fp32" || n == "float32" || n == "float") return DType::kF32;

@@ -80,6 +80,8 @@ void validate_params(const QkNormParams& p, int world) {
                   "eps must be finite and > 0, got " + std::to_string(p.eps));
   SWIFTQK_EXPECTS(p.order == NormOrder::kOlmo2 || p.order == NormOrder::kLlama,
                   "order must be NormOrder::kOlmo2 or NormOrder::kLlama");
+  SWIFTQK_EXPECTS(p.method == Method::kSwiftQK || p.method == Method::kMiniMaxFused,
+                  "method must be Method::kSwiftQK or Method::kMiniMaxFused");
   const int dt = static_cast<int>(p.in_dtype);
   SWIFTQK_EXPECTS(dt >= 0 && dt <= 3, "in_dtype is not a DType");
   const DType out_t = output_dtype_for(p.in_dtype);

@@ -54,9 +54,23 @@ constexpr std::size_t slot_offset(int world, int64_t capacity, int bank, int64_t
 constexpr std::size_t probe_offset(int world, int64_t capacity) {
   return slot_offset(world, capacity, kSlotBanks, 0, 0);
 }
+/// The MiniMax-fused baseline's Lamport buffers: 3 x [capacity][world] slots of 16 bytes after
+/// the probe words; every 32-bit word holds -0.0 (0x80000000) while empty.
+constexpr int kLamportBuffers = 3;
+constexpr uint32_t kLamportEmpty = 0x80000000u;
+/// @brief Byte offset of the Lamport buffers (16-byte aligned, after the probe words).
+constexpr std::size_t lamport_offset(int world, int64_t capacity) {
+  return (probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world) + 15) / 16 * 16;
+}
+/// @brief Byte offset of src_rank's slot of token in Lamport buffer buf.
+constexpr std::size_t lamport_slot_offset(int world, int64_t capacity, int buf, int64_t token,
+                                          int src_rank) {
+  return lamport_offset(world, capacity) +
+         ((static_cast<std::size_t>(buf) * capacity + token) * world + src_rank) * kSlotBytes;
+}
 /// @brief Bytes of one rank's exchange workspace for world ranks and `capacity` tokens a launch.
 constexpr std::size_t workspace_bytes(int world, int64_t capacity) {
-  return probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world);
+  return lamport_slot_offset(world, capacity, kLamportBuffers, 0, 0);
 }
 
 /// @brief The tag of call number `call` (the device counter before it is advanced): never 0,

@@ -29,7 +29,8 @@ struct QkNormParams {
   DType in_dtype = DType::kBF16;  ///< Q and K input type; output and weight are output_dtype_for
   float eps = 1e-6f;              ///< added to mean(x^2) over the FULL width
   NormOrder order = NormOrder::kOlmo2;
-  float* rstd_out = nullptr;  ///< optional [tokens, 2] fp32: the 1/rms used for (q, k)
+  float* rstd_out = nullptr;         ///< optional [tokens, 2] fp32: the 1/rms used for (q, k)
+  Method method = Method::kSwiftQK;  ///< how partial sums travel (baselines for comparison)
 };
 
 /// @brief Throws swiftqk::Error naming the first problem with p for a group of world_size ranks.

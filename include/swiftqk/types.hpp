@@ -26,7 +26,20 @@ constexpr std::size_t dtype_size(DType t) {
 /// @brief Output (and weight) type produced for input type t: fp8 input gives bf16 output.
 constexpr DType output_dtype_for(DType in) { return in == DType::kF8E4M3 ? DType::kBF16 : in; }
 
+/// @brief How the (q, k) partial sums travel between ranks.
+enum class Method : int {
+  /// SwiftQK: tagged slots, consumed-and-cleared by the reader, collect deferred by one token.
+  kSwiftQK = 0,
+  /// The MiniMax-fused design (vLLM minimax_allreduce_rms_qk, TRT-LLM MiniMaxReduceRMSKernel),
+  /// on SwiftQK's data path: Lamport slots (data is its own flag, -0.0 = empty), three buffers
+  /// rotated by a device counter, the previous call's buffer cleared, no deferral of the wait.
+  kMiniMaxFused = 1,
+};
+
 std::string to_string(DType t);
+std::string to_string(Method m);
+/// @brief Parses "swiftqk" or "minimax_fused".
+Method parse_method(const std::string& name);
 std::string to_string(NormOrder o);
 /// @brief Parses "f32|fp32|float32", "f16|fp16|float16", "bf16|bfloat16", "fp8|f8e4m3|e4m3".
 DType parse_dtype(const std::string& name);

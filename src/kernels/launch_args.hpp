@@ -28,7 +28,9 @@ struct CallState {
   uint32_t call;
   uint32_t blocks_done;
   uint32_t probe_round;
-  uint32_t pad;
+  uint32_t lamport_call;    // MiniMax-fused baseline: buffer of the next call, 0..2
+  uint32_t lamport_tokens;  // tokens of the last MiniMax-fused call (cleared by the next one)
+  uint32_t pad[3];
 };
 
 /// One rank's share of a launch.

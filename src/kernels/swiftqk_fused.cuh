@@ -9,6 +9,7 @@
 
 #include "kernels/device_types.cuh"
 #include "kernels/exchange.cuh"
+#include "kernels/lamport_exchange.cuh"
 #include "kernels/launch_args.hpp"
 #include "swiftqk/plan.hpp"
 
@@ -158,7 +159,9 @@ constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_
 /// cp.async, so every SM keeps loads in flight while a token is reduced, exchanged and written.
 /// VPT == 0: rows are streamed twice from global memory (the second read hits L2); used for
 /// rows too wide to stage and for the scalar path.
-template <typename Tin, int VEC, int VPT, bool kOlmo2>
+/// kLamport selects the MiniMax-fused baseline's exchange and schedule (lamport_exchange.cuh, no
+/// deferral) on the same data path, so a comparison isolates the exchange.
+template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport>
 __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
   using Tout = typename OutputOf<Tin>::type;
   using InVec = Vec<Tin, VEC>;
@@ -182,13 +185,20 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
   const int64_t n = nq + a.k_width / VEC;
   const int64_t T = a.tokens;
 
-  const uint32_t call = load_volatile(&ra.state->call);
+  const uint32_t call = load_volatile(kLamport ? &ra.state->lamport_call : &ra.state->call);
   const uint32_t tag = tag_for_call(call);
   const uint32_t ktag = tag ^ a.config_hash;
   const int bank = bank_for_call(call);
   const int64_t step = static_cast<int64_t>(a.blocks_per_rank) * a.tokens_per_block;
   const int64_t first = static_cast<int64_t>(lblock) * a.tokens_per_block;
   if (threadIdx.x == 0) s_abort = 0;
+  if constexpr (kLamport) {
+    // The previous call's buffer: every rank finished writing it (this rank read all of it).
+    if (a.world > 1) {
+      lamport_clear(a, ra, static_cast<int>((call + kLamportBuffers - 1) % kLamportBuffers),
+                    load_volatile(&ra.state->lamport_tokens), lblock);
+    }
+  }
 
   // This thread's vectors of stage s (only the thread that copies a vector ever reads it, so
   // cp_async_wait alone makes it visible; no barrier is needed for the data).
@@ -228,7 +238,7 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
   }
 
   const int64_t iterations = first < T ? (T - first + step - 1) / step : 0;
-  const bool defer = a.world > 1 && iterations > 1;  // block-uniform
+  const bool defer = !kLamport && a.world > 1 && iterations > 1;  // block-uniform
   const int ahead = defer ? kStages - 2 : kStages - 1;
   for (int s = 0; s < ahead; ++s) issue(first + g + s * step, s);
 
@@ -279,10 +289,22 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
         }
         q *= ra.q_in_scale * ra.q_in_scale;
         k *= ra.k_in_scale * ra.k_in_scale;
-        if (a.world > 1) publish_partials(a, ra, t, tag, ktag, bank, q, k);
+        if (a.world > 1) {
+          if constexpr (kLamport) {
+            lamport_publish(a, ra, t, static_cast<int>(call), q, k);
+          } else {
+            publish_partials(a, ra, t, tag, ktag, bank, q, k);
+          }
+        }
       }
       bool ok = true;
-      if (active_write && a.world > 1) ok = collect_partials(a, ra, tw, tag, ktag, bank, q, k);
+      if (active_write && a.world > 1) {
+        if constexpr (kLamport) {
+          ok = lamport_collect(a, ra, tw, static_cast<int>(call), q, k);
+        } else {
+          ok = collect_partials(a, ra, tw, tag, ktag, bank, q, k);
+        }
+      }
       if (!ok) {
         if (lane == 0) s_abort = 1;
       } else if (active_write && lane == 0) {
@@ -330,7 +352,12 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
     const uint32_t prev = atomicAdd(&ra.state->blocks_done, 1u);
     if (prev == static_cast<uint32_t>(a.blocks_per_rank) - 1u) {
       ra.state->blocks_done = 0u;
-      ra.state->call = next_call(call);
+      if constexpr (kLamport) {
+        ra.state->lamport_tokens = static_cast<uint32_t>(T);
+        ra.state->lamport_call = (call + 1) % kLamportBuffers;
+      } else {
+        ra.state->call = next_call(call);
+      }
       __threadfence();
     }
   }

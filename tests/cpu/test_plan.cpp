@@ -242,7 +242,9 @@ static_assert(slot_offset(2, 4, 0, 0, 1) == 16, "sources of a token are adjacent
 static_assert(slot_offset(2, 4, 0, 1, 0) == 32, "tokens follow each other");
 static_assert(slot_offset(2, 4, 1, 0, 0) == 2 * 4 * 16, "bank 1 after bank 0");
 static_assert(probe_offset(2, 4) == 2 * 2 * 4 * 16, "probe after both banks");
-static_assert(workspace_bytes(2, 4) == probe_offset(2, 4) + 16, "8 probe bytes per rank");
+static_assert(lamport_offset(2, 4) == probe_offset(2, 4) + 16, "8 probe bytes per rank");
+static_assert(workspace_bytes(2, 4) == lamport_offset(2, 4) + 3 * 4 * 2 * 16,
+              "three Lamport buffers last");
 
 TEST(SlotLayout, InjectiveContiguousAndInsideTheWorkspace) {
   for (int world : {1, 2, 3, 4, 8}) {
@@ -276,8 +278,17 @@ TEST(SlotLayout, InjectiveContiguousAndInsideTheWorkspace) {
       EXPECT_GE(probe_offset(world, capacity),
                 slot_offset(world, capacity, kSlotBanks - 1, capacity - 1, world - 1) + kSlotBytes);
       EXPECT_EQ(probe_offset(world, capacity) % 8, 0u);
+      // The probe words, then the Lamport buffers (16-byte aligned, dense, non-overlapping).
+      const std::size_t lam = lamport_offset(world, capacity);
+      EXPECT_GE(lam, probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world));
+      EXPECT_LT(lam, probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world) + 16);
+      EXPECT_EQ(lam % 16, 0u);
+      EXPECT_EQ(lamport_slot_offset(world, capacity, 0, 0, 0), lam);
+      EXPECT_EQ(lamport_slot_offset(world, capacity, 1, 0, 0) - lam,
+                static_cast<std::size_t>(capacity) * world * kSlotBytes);
+      EXPECT_EQ(lamport_slot_offset(world, capacity, 0, 1, 0) - lam, world * kSlotBytes);
       EXPECT_EQ(workspace_bytes(world, capacity),
-                probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world));
+                lam + static_cast<std::size_t>(kLamportBuffers) * capacity * world * kSlotBytes);
     }
   }
 }

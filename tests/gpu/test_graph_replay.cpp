@@ -15,7 +15,7 @@ namespace {
 
 // One graph per token count (as engines capture one per batch size), replayed interleaved,
 // with fresh inputs before every replay and an eager call mixed in.
-void replay_test(int world, NormOrder order, int replays) {
+void replay_test(int world, NormOrder order, int replays, Method method = Method::kSwiftQK) {
   const int64_t q_width = 5120, k_width = 1024;
   CommConfig cfg;
   cfg.timeout_s = 10.0;
@@ -34,6 +34,7 @@ void replay_test(int world, NormOrder order, int replays) {
     auto& ranks = data[t];
     for (int r = 0; r < world; ++r) {
       ranks.push_back(make_rank(problems.at(t), world, r, Layout::kSeparate));
+      ranks.back().params.method = method;
     }
     std::vector<QkNormParams> pp;
     for (auto& d : ranks) pp.push_back(d.params);
@@ -96,6 +97,10 @@ TEST(GraphReplay, Tp2Llama) {
 TEST(GraphReplay, Tp4Olmo2) {
   REQUIRE_GPU();
   replay_test(4, NormOrder::kOlmo2, 60);
+}
+TEST(GraphReplay, Tp4MiniMaxFused) {
+  REQUIRE_GPU();
+  replay_test(4, NormOrder::kLlama, 60, Method::kMiniMaxFused);
 }
 TEST(GraphReplay, Tp8Olmo2) {
   REQUIRE_GPU();

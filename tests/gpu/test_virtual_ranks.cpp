@@ -24,13 +24,15 @@ struct Case {
   Launch launch = Launch::kGroup;
   int64_t capacity = 16384;
   float eps = 1e-6f;
+  Method method = Method::kSwiftQK;
 };
 
 std::string name_of(const Case& c) {
   return "tp" + std::to_string(c.world) + "_t" + std::to_string(c.tokens) + "_q" +
          std::to_string(c.q_width) + "_k" + std::to_string(c.k_width) + "_" + to_string(c.in) +
          "_" + to_string(c.order) + "_layout" + std::to_string(static_cast<int>(c.layout)) +
-         (c.launch == Launch::kGroup ? "_group" : "_streams");
+         (c.launch == Launch::kGroup ? "_group" : "_streams") +
+         (c.method == Method::kSwiftQK ? "" : "_" + to_string(c.method));
 }
 
 // Runs `calls` consecutive calls with fresh inputs each, checking every one.
@@ -47,7 +49,10 @@ void run_case(const Case& c, int calls = 2) {
   auto comms = Communicator::create_local_group(std::vector<int>(c.world, 0), cfg);
   Problem p = Problem::random(c.tokens, c.q_width, c.k_width, c.in, c.order, c.eps, 1234);
   std::vector<RankData> ranks;
-  for (int r = 0; r < c.world; ++r) ranks.push_back(make_rank(p, c.world, r, c.layout));
+  for (int r = 0; r < c.world; ++r) {
+    ranks.push_back(make_rank(p, c.world, r, c.layout));
+    ranks.back().params.method = c.method;
+  }
   std::vector<cudaStream_t> streams(c.world);
   for (auto& s : streams) SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
@@ -138,6 +143,67 @@ std::vector<Case> odd_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Odd, ModelShapes, ::testing::ValuesIn(odd_cases()),
                          [](const auto& info) { return name_of(info.param); });
+
+// The MiniMax-fused baseline (Lamport exchange) on the same shapes, and over more consecutive
+// calls than its three buffers, with token counts that shrink and grow (the clearing of the
+// previous call's buffer must cover what that call wrote).
+std::vector<Case> minimax_cases() {
+  std::vector<Case> v;
+  for (auto [q, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {2048, 2048}, {4096, 4096}, {5120, 5120}, {5120, 1024}, {6144, 1024}}) {
+    for (int world : {1, 2, 4, 8}) {
+      for (int64_t t : {1, 333}) {
+        Case c{world, t, q, k, DType::kBF16, NormOrder::kLlama};
+        c.method = Method::kMiniMaxFused;
+        v.push_back(c);
+      }
+    }
+  }
+  Case big{4, 16500, 2048, 2048, DType::kBF16, NormOrder::kOlmo2};
+  big.method = Method::kMiniMaxFused;
+  v.push_back(big);
+  Case streams{4,
+               300,
+               4096,
+               4096,
+               DType::kBF16,
+               NormOrder::kOlmo2,
+               Layout::kSeparate,
+               Launch::kPerRankStreams};
+  streams.method = Method::kMiniMaxFused;
+  v.push_back(streams);
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(MiniMaxFused, ModelShapes, ::testing::ValuesIn(minimax_cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+TEST(MiniMaxFused, TokenCountsShrinkAndGrowOverManyCalls) {
+  REQUIRE_GPU();
+  for (int world : {2, 8}) {
+    auto comms = Communicator::create_local_group(std::vector<int>(world, 0));
+    std::vector<Communicator*> cp;
+    for (auto& c : comms) cp.push_back(&c);
+    for (int call = 0; call < 12; ++call) {
+      const int64_t t = (call % 3 == 0) ? 900 : (call % 3 == 1 ? 3 : 77);
+      Problem p = Problem::random(t, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, call);
+      std::vector<RankData> ranks;
+      std::vector<QkNormParams> pp;
+      for (int r = 0; r < world; ++r) {
+        ranks.push_back(make_rank(p, world, r, Layout::kSeparate));
+        ranks.back().params.method = call % 4 == 3 ? Method::kSwiftQK : Method::kMiniMaxFused;
+        poison(ranks.back(), nullptr);
+        pp.push_back(ranks.back().params);
+      }
+      launch_qk_norm_group(cp, pp, nullptr);
+      for (auto& c : comms) c.synchronize(nullptr);
+      std::vector<RankData*> rp;
+      for (auto& d : ranks) rp.push_back(&d);
+      const Check chk = check_ranks(p, world, rp);
+      ASSERT_EQ(chk.wrong, 0) << "TP " << world << " call " << call << ": " << chk.first_error;
+      ASSERT_TRUE(chk.rstd_identical);
+    }
+  }
+}
 
 }  // namespace
 }  // namespace swiftqk::testing

@@ -258,7 +258,9 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", tokens_s, "token counts");
   app.add_option("--tp", tps, "TP degrees (virtual ranks on one GPU)");
   app.add_option("--dtype", dtypes, "input dtypes: bf16,f16,f32,fp8");
-  app.add_option("--methods", methods, "methods: swiftqk,minimax_fused");
+  app.add_option("--methods", methods,
+                 "methods: swiftqk,minimax_fused,all_gather,comm_overlap,minimax_eager (the "
+                 "last three only at TP 1 in one process)");
   app.add_option("--order", order_s, "norm order: model (each model's own), olmo2 or llama");
   app.add_option("--mode", o.mode, "graph or eager")->check(CLI::IsMember({"graph", "eager"}));
   app.add_option("--iters", o.iters, "timed repetitions (median and percentiles over these)");
@@ -318,6 +320,14 @@ int main(int argc, char** argv) {
           for (const auto& ms : split(methods)) {
             const Method method = parse_method(ms);
             const int64_t t = std::stoll(ts);
+            if (uses_nccl(method) && tp > 1) {
+              // One process here: NCCL refuses several ranks on one GPU.
+              std::printf(
+                  "%-13s %-11s tp %d tokens %lld: not runnable here (NCCL needs one GPU "
+                  "per rank)\n",
+                  to_string(method).c_str(), m.name.c_str(), tp, (long long)t);
+              continue;
+            }
             json j = run_method(o, method, m, tp, t, dt, order, copy_bw, s);
             total_wrong += j["wrong"].get<int64_t>();
             std::printf(

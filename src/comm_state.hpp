@@ -40,6 +40,16 @@ struct CommState {
   int* d_probe_ok = nullptr;  // preallocated: a cudaMalloc during a peer's probe could stall it
   int* h_probe_ok = nullptr;  // pinned
 
+  // NCCL baselines (src/nccl_baselines.cu).
+  ncclComm_t nccl = nullptr;  // from from_nccl; not owned: it must outlive this communicator
+  void* scratch = nullptr;    // grown outside capture; [send | recv | full rows | ones | stats]
+  std::size_t scratch_bytes = 0;
+  int64_t ones_elems = 0;  // leading elements of the ones weight, in ones_dtype
+  DType ones_dtype = DType::kF32;
+  cudaStream_t side_stream = nullptr;    // Comm-Overlap's all-gathers
+  std::vector<cudaEvent_t> side_events;  // fork/join and per-chunk events
+  std::unique_ptr<Communicator> solo;    // world-1 communicator for full-width norms
+
   // One call in flight per communicator (see Communicator's doc).
   std::mutex launch_mutex;
   cudaStream_t last_stream = nullptr;
@@ -60,6 +70,13 @@ struct CommState {
   void end_launch(cudaStream_t stream);
   RankArgs rank_args() const;
 };
+
+/// The kernel arguments of rank s for params p, starting at token first_token (launch.cu).
+RankArgs rank_args_for(const CommState& s, const QkNormParams& p, int64_t first_token);
+
+/// Runs an NCCL baseline method (All-Gather, Comm-Overlap, MiniMax eager) for one rank, chunked
+/// by the workspace capacity. p is validated; the caller holds the launch lock.
+void launch_nccl_baseline(Communicator& comm, const QkNormParams& p, cudaStream_t stream);
 
 /// Sets the current device for a scope and restores the previous one.
 class DeviceGuard {

@@ -64,6 +64,9 @@ CommState::~CommState() {
   if (h_probe_ok) cudaFreeHost(h_probe_ok);
   if (h_failure) cudaFreeHost(h_failure);
   if (last_done) cudaEventDestroy(last_done);
+  if (scratch) cudaFree(scratch);
+  for (cudaEvent_t e : side_events) cudaEventDestroy(e);
+  if (side_stream) cudaStreamDestroy(side_stream);
   cudaSetDevice(prev);
 }
 
@@ -395,6 +398,7 @@ Communicator Communicator::from_nccl(ncclComm_t nccl, const CommConfig& config,
   std::vector<std::vector<uint8_t>> handles(world);
   for (int r = 0; r < world; ++r) handles[r].assign(all.begin() + r * n, all.begin() + (r + 1) * n);
   Communicator comm = boot.connect(handles);
+  comm.state().nccl = nccl;
   // Every rank has opened its peers before any rank writes into them.
   int* d_flag = nullptr;
   SWIFTQK_CUDA_TRY(cudaMalloc(&d_flag, sizeof(int)));

@@ -114,8 +114,10 @@ const T* advance(const void* p, int64_t elems, std::size_t size) {
   return reinterpret_cast<const T*>(static_cast<const uint8_t*>(p) + elems * size);
 }
 
-detail::RankArgs rank_args_for(const detail::CommState& s, const QkNormParams& p,
-                               int64_t first_token) {
+}  // namespace
+
+detail::RankArgs detail::rank_args_for(const detail::CommState& s, const QkNormParams& p,
+                                       int64_t first_token) {
   detail::RankArgs r = s.rank_args();
   const std::size_t is = dtype_size(p.in_dtype), os = dtype_size(output_dtype_for(p.in_dtype));
   r.q_in = advance<uint8_t>(p.q.in, first_token * p.q.in_stride, is);
@@ -133,6 +135,8 @@ detail::RankArgs rank_args_for(const detail::CommState& s, const QkNormParams& p
   r.rstd_out = p.rstd_out == nullptr ? nullptr : p.rstd_out + 2 * first_token;
   return r;
 }
+
+namespace {
 
 // Every rank in one launch must agree on what the kernel treats as launch-wide.
 void check_group_agrees(const std::vector<Communicator*>& comms,
@@ -182,6 +186,16 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const detail::CommState& s0 = comms[0]->state();
   const int ranks = static_cast<int>(comms.size());
   if (p0.tokens == 0) return;  // nothing to exchange; the call counter stays put on every rank
+  if (uses_nccl(p0.method)) {
+    SWIFTQK_EXPECTS(comms.size() == 1, "launch: method " + to_string(p0.method) +
+                                           " runs one rank per launch (NCCL needs one GPU per "
+                                           "rank); use launch_qk_norm");
+    std::unique_lock<std::mutex> lock(comms[0]->state().launch_mutex);
+    comms[0]->state().begin_launch(stream);
+    detail::launch_nccl_baseline(*comms[0], p0, stream);
+    comms[0]->state().end_launch(stream);
+    return;
+  }
 
   const int64_t cap = s0.config.token_capacity;
   SWIFTQK_EXPECTS(p0.tokens <= cap || s0.config.chunk_oversize,
@@ -233,7 +247,8 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
                                  s0.config.sm_budget);
     a.tokens = chunk;
     a.blocks_per_rank = g.blocks_per_rank;
-    for (int i = 0; i < ranks; ++i) a.r[i] = rank_args_for(comms[i]->state(), params[i], first);
+    for (int i = 0; i < ranks; ++i)
+      a.r[i] = detail::rank_args_for(comms[i]->state(), params[i], first);
     fn<<<g.grid(), shape.block_threads(), smem, stream>>>(a);
     SWIFTQK_CUDA_TRY(cudaGetLastError());
   }

@@ -47,6 +47,12 @@ std::string to_string(Method m) {
       return "swiftqk";
     case Method::kMiniMaxFused:
       return "minimax_fused";
+    case Method::kAllGather:
+      return "all_gather";
+    case Method::kCommOverlap:
+      return "comm_overlap";
+    case Method::kMiniMaxEager:
+      return "minimax_eager";
   }
   SWIFTQK_FAIL("invalid Method value " + std::to_string(static_cast<int>(m)));
 }
@@ -55,7 +61,11 @@ Method parse_method(const std::string& name) {
   const std::string n = lower(name);
   if (n == "swiftqk") return Method::kSwiftQK;
   if (n == "minimax_fused" || n == "minimax-fused") return Method::kMiniMaxFused;
-  SWIFTQK_FAIL("unknown method '" + name + "'; accepted: swiftqk, minimax_fused");
+  if (n == "all_gather" || n == "all-gather" || n == "allgather") return Method::kAllGather;
+  if (n == "comm_overlap" || n == "comm-overlap" || n == "overlap") return Method::kCommOverlap;
+  if (n == "minimax_eager" || n == "minimax-eager") return Method::kMiniMaxEager;
+  SWIFTQK_FAIL("unknown method '" + name +
+               "'; accepted: swiftqk, minimax_fused, all_gather, comm_overlap, minimax_eager");
 }
 
 DType parse_dtype(const std::string& name) {

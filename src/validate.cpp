@@ -16,11 +16,24 @@ struct Extent {
   int64_t rows;
 };
 
-Extent extent_of(const void* p, int64_t rows, int64_t width, int64_t stride, std::size_t elem) {
+// No tensor can span more than this (2^50 bytes, far beyond any device memory); larger extents
+// are rejected before any arithmetic on them could wrap.
+constexpr uint64_t kMaxExtentBytes = uint64_t{1} << 50;
+
+Extent extent_of(const char* name, const void* p, int64_t rows, int64_t width, int64_t stride,
+                 std::size_t elem) {
   const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t hi = lo + (static_cast<uintptr_t>(rows - 1) * stride + width) * elem;
-  return {lo, hi, static_cast<uintptr_t>(stride) * elem, static_cast<uintptr_t>(width) * elem,
-          rows};
+  uint64_t span = 0, bytes = 0, end = 0;
+  const bool ok = !__builtin_mul_overflow(static_cast<uint64_t>(rows - 1),
+                                          static_cast<uint64_t>(stride), &span) &&
+                  !__builtin_add_overflow(span, static_cast<uint64_t>(width), &span) &&
+                  !__builtin_mul_overflow(span, static_cast<uint64_t>(elem), &bytes) &&
+                  bytes <= kMaxExtentBytes && !__builtin_add_overflow(lo, bytes, &end);
+  SWIFTQK_EXPECTS(ok, std::string(name) +
+                          " spans more than 2^50 bytes (tokens x stride too "
+                          "large) or wraps the address space");
+  return {lo, static_cast<uintptr_t>(end), static_cast<uintptr_t>(stride) * elem,
+          static_cast<uintptr_t>(width) * elem, rows};
 }
 
 // True if two strided tensors share a byte. Equal strides (views of one fused buffer) are
@@ -80,8 +93,8 @@ void validate_params(const QkNormParams& p, int world) {
                   "eps must be finite and > 0, got " + std::to_string(p.eps));
   SWIFTQK_EXPECTS(p.order == NormOrder::kOlmo2 || p.order == NormOrder::kLlama,
                   "order must be NormOrder::kOlmo2 or NormOrder::kLlama");
-  SWIFTQK_EXPECTS(p.method == Method::kSwiftQK || p.method == Method::kMiniMaxFused,
-                  "method must be Method::kSwiftQK or Method::kMiniMaxFused");
+  const int m = static_cast<int>(p.method);
+  SWIFTQK_EXPECTS(m >= 0 && m <= static_cast<int>(Method::kMiniMaxEager), "method is not a Method");
   const int dt = static_cast<int>(p.in_dtype);
   SWIFTQK_EXPECTS(dt >= 0 && dt <= 3, "in_dtype is not a DType");
   const DType out_t = output_dtype_for(p.in_dtype);
@@ -90,12 +103,12 @@ void validate_params(const QkNormParams& p, int world) {
   if (p.tokens == 0) return;
 
   const std::size_t is = dtype_size(p.in_dtype), os = dtype_size(out_t);
-  const Extent qi = extent_of(p.q.in, p.tokens, p.q.width, p.q.in_stride, is);
-  const Extent ki = extent_of(p.k.in, p.tokens, p.k.width, p.k.in_stride, is);
-  const Extent qo = extent_of(p.q.out, p.tokens, p.q.width, p.q.out_stride, os);
-  const Extent ko = extent_of(p.k.out, p.tokens, p.k.width, p.k.out_stride, os);
-  const Extent qw = extent_of(p.q.weight, 1, p.q.width, p.q.width, os);
-  const Extent kw = extent_of(p.k.weight, 1, p.k.width, p.k.width, os);
+  const Extent qi = extent_of("q.in", p.q.in, p.tokens, p.q.width, p.q.in_stride, is);
+  const Extent ki = extent_of("k.in", p.k.in, p.tokens, p.k.width, p.k.in_stride, is);
+  const Extent qo = extent_of("q.out", p.q.out, p.tokens, p.q.width, p.q.out_stride, os);
+  const Extent ko = extent_of("k.out", p.k.out, p.tokens, p.k.width, p.k.out_stride, os);
+  const Extent qw = extent_of("q.weight", p.q.weight, 1, p.q.width, p.q.width, os);
+  const Extent kw = extent_of("k.weight", p.k.weight, 1, p.k.width, p.k.width, os);
   // In place is allowed when an output is exactly its input; any other overlap is an error.
   auto same = [&](const ShardView& v) {
     return v.in == v.out && v.in_stride == v.out_stride && is == os;
@@ -113,7 +126,9 @@ void validate_params(const QkNormParams& p, int world) {
   if (p.rstd_out != nullptr) {
     SWIFTQK_EXPECTS(reinterpret_cast<uintptr_t>(p.rstd_out) % alignof(float) == 0,
                     "rstd_out is not aligned to 4 bytes");
-    const Extent r = extent_of(p.rstd_out, 1, 2 * p.tokens, 2 * p.tokens, sizeof(float));
+    SWIFTQK_EXPECTS(p.tokens <= (int64_t{1} << 40), "rstd_out: too many tokens");
+    const Extent r =
+        extent_of("rstd_out", p.rstd_out, 1, 2 * p.tokens, 2 * p.tokens, sizeof(float));
     for (const Extent* o : {&qo, &ko, &qi, &ki, &qw, &kw}) {
       SWIFTQK_EXPECTS(!overlaps(*o, r), "rstd_out overlaps an input, output or weight");
     }

@@ -34,11 +34,25 @@ enum class Method : int {
   /// on SwiftQK's data path: Lamport slots (data is its own flag, -0.0 = empty), three buffers
   /// rotated by a device counter, the previous call's buffer cleared, no deferral of the wait.
   kMiniMaxFused = 1,
+  /// vLLM's OLMo2 path: ncclAllGather of the Q and K shards, a full-width RMSNorm, the local
+  /// slice kept. Needs a communicator from from_nccl when TP > 1.
+  kAllGather = 2,
+  /// The all-gather overlapped with the normalisation: tokens in chunks, the next chunk's
+  /// all-gathers on a side stream while the current chunk is normalised. Needs NCCL as above.
+  kCommOverlap = 3,
+  /// vLLM's MiniMax fallback: a kernel writes [T, 2] fp32 partial sums, one ncclAllReduce, a
+  /// second kernel applies the scale. Needs NCCL as above.
+  kMiniMaxEager = 4,
 };
+
+/// @brief True for the methods that move data with NCCL rather than the fused kernel.
+constexpr bool uses_nccl(Method m) {
+  return m == Method::kAllGather || m == Method::kCommOverlap || m == Method::kMiniMaxEager;
+}
 
 std::string to_string(DType t);
 std::string to_string(Method m);
-/// @brief Parses "swiftqk" or "minimax_fused".
+/// @brief Parses "swiftqk", "minimax_fused", "all_gather", "comm_overlap" or "minimax_eager".
 Method parse_method(const std::string& name);
 std::string to_string(NormOrder o);
 /// @brief Parses "f32|fp32|float32", "f16|fp16|float16", "bf16|bfloat16", "fp8|f8e4m3|e4m3".

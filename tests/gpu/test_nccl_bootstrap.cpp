@@ -1,35 +1,92 @@
-// Communicator::from_nccl. One GPU allows a group of one (NCCL refuses two ranks on one GPU);
-// larger groups run under the multi-GPU issue.
+// Communicator::from_nccl and the NCCL baselines. One GPU allows an NCCL group of one (NCCL
+// refuses two ranks on one GPU); larger groups run under the multi-GPU issue.
 #include <gtest/gtest.h>
 #include <nccl.h>
+
+#include <string>
 
 #include "problem.hpp"
 
 namespace swiftqk::testing {
 namespace {
 
-TEST(NcclBootstrap, GroupOfOne) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
-  SWIFTQK_CUDA_TRY(cudaSetDevice(0));
-  ncclUniqueId id;
-  SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
-  ncclComm_t nc;
-  SWIFTQK_NCCL_TRY(ncclCommInitRank(&nc, 1, id, 0));
-  cudaStream_t s;
-  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  {
-    Communicator comm = Communicator::from_nccl(nc, CommConfig{}, s);
-    EXPECT_EQ(comm.rank(), 0);
-    EXPECT_EQ(comm.world_size(), 1);
-    Problem p = Problem::random(100, 2048, 2048, DType::kBF16, NormOrder::kLlama, 1e-5f, 3);
-    RankData d = make_rank(p, 1, 0, Layout::kSeparate);
-    poison(d, s);
-    launch_qk_norm(comm, d.params, s);
-    comm.synchronize(s);
-    EXPECT_EQ(check_ranks(p, 1, {&d}).wrong, 0);
+class NcclGroupOfOne : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+    SWIFTQK_CUDA_TRY(cudaSetDevice(0));
+    ncclUniqueId id;
+    SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
+    SWIFTQK_NCCL_TRY(ncclCommInitRank(&nccl_, 1, id, 0));
+    SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
-  SWIFTQK_NCCL_TRY(ncclCommDestroy(nc));
-  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s));
+  void TearDown() override {
+    if (nccl_ != nullptr) ncclCommDestroy(nccl_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  ncclComm_t nccl_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+TEST_F(NcclGroupOfOne, FromNcclRunsEveryMethod) {
+  Communicator comm = Communicator::from_nccl(nccl_, CommConfig{}, stream_);
+  EXPECT_EQ(comm.rank(), 0);
+  EXPECT_EQ(comm.world_size(), 1);
+  for (Method m : {Method::kSwiftQK, Method::kMiniMaxFused, Method::kAllGather,
+                   Method::kCommOverlap, Method::kMiniMaxEager}) {
+    for (NormOrder o : {NormOrder::kOlmo2, NormOrder::kLlama}) {
+      Problem p = Problem::random(100, 2048, 1000, DType::kBF16, o, 1e-5f, 3);
+      RankData d = make_rank(p, 1, 0, Layout::kFusedOutOfPlace);
+      d.params.method = m;
+      poison(d, stream_);
+      launch_qk_norm(comm, d.params, stream_);
+      comm.synchronize(stream_);
+      const Check c = check_ranks(p, 1, {&d});
+      EXPECT_EQ(c.wrong, 0) << to_string(m) << " " << to_string(o) << ": " << c.first_error;
+    }
+  }
+}
+
+TEST_F(NcclGroupOfOne, BaselinesReplayFromGraphsAfterAnEagerWarmUp) {
+  Communicator comm = Communicator::from_nccl(nccl_, CommConfig{}, stream_);
+  for (Method m : {Method::kAllGather, Method::kCommOverlap, Method::kMiniMaxEager}) {
+    Problem p = Problem::random(64, 5120, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 4);
+    RankData d = make_rank(p, 1, 0, Layout::kSeparate);
+    d.params.method = m;
+    launch_qk_norm(comm, d.params, stream_);  // sizes the scratch
+    comm.synchronize(stream_);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    launch_qk_norm(comm, d.params, stream_);
+    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(stream_, &g));
+    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 3; ++i) {
+      p.refill(40 + i);
+      upload_inputs(p, 1, 0, d, stream_);
+      poison(d, stream_);
+      SWIFTQK_CUDA_TRY(cudaGraphLaunch(ge, stream_));
+      comm.synchronize(stream_);
+      EXPECT_EQ(check_ranks(p, 1, {&d}).wrong, 0) << to_string(m) << " replay " << i;
+    }
+    SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
+    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+  }
+}
+
+TEST(NcclBaselines, NeedNcclBeyondOneRank) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  auto comms = Communicator::create_local_group({0, 0});
+  Problem p = Problem::random(8, 2048, 2048, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 5);
+  RankData d = make_rank(p, 2, 0, Layout::kSeparate);
+  d.params.method = Method::kAllGather;
+  try {
+    launch_qk_norm(comms[0], d.params, nullptr);
+    ADD_FAILURE() << "all_gather ran without NCCL at TP 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("from_nccl"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(launch_qk_norm_group({&comms[0], &comms[1]}, {d.params, d.params}, nullptr), Error);
 }
 
 }  // namespace

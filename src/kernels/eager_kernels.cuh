@@ -1,0 +1,92 @@
+// Small non-persistent kernels of the NCCL baselines: per-token partial sums of squares (the
+// MiniMax-eager first kernel), applying a per-token scale (its second kernel, and the last step
+// of the All-Gather baselines), and [N][T][w] -> [T][N*w] interleaving of all-gathered shards.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/swiftqk_fused.cuh"
+
+namespace swiftqk::detail {
+
+/// Block-wide sum of (a, b); every thread gets the totals. Uses s[32] shared float2s.
+__device__ inline float2 block_sum2(float a, float b, float2* s) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    a += __shfl_xor_sync(kFullMask, a, off);
+    b += __shfl_xor_sync(kFullMask, b, off);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) s[warp] = make_float2(a, b);
+  __syncthreads();
+  float2 total = make_float2(0.f, 0.f);
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) {
+    total.x += s[w].x;
+    total.y += s[w].y;
+  }
+  __syncthreads();  // s is reused by the next call
+  return total;
+}
+
+/// partial[t] = (sum of q row t squared, sum of k row t squared), scaled by in_scale^2.
+template <typename Tin, int VEC>
+__global__ void __launch_bounds__(256)
+    partial_sums_kernel(const RankArgs ra, int64_t T, int64_t q_width, int64_t k_width,
+                        float2* partial) {
+  __shared__ float2 s[32];
+  const int64_t nq = q_width / VEC, n = nq + k_width / VEC;
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    float sq = 0.f, sk = 0.f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      accumulate<Tin, VEC>(load_vec(row_vec<Tin, VEC>(ra, t, i, nq)), i < nq, sq, sk);
+    }
+    const float2 tot = block_sum2(sq, sk, s);
+    if (threadIdx.x == 0) {
+      partial[t] =
+          make_float2(tot.x * ra.q_in_scale * ra.q_in_scale, tot.y * ra.k_in_scale * ra.k_in_scale);
+    }
+  }
+}
+
+/// Writes rank-local outputs from per-token statistics: stat[t] is either the full (q, k) sums
+/// of squares (stat_is_rstd false) or the 1/rms itself (true).
+template <typename Tin, int VEC, bool kOlmo2>
+__global__ void __launch_bounds__(256)
+    apply_scale_kernel(const RankArgs ra, int64_t T, int64_t q_width, int64_t k_width,
+                       const float2* stat, bool stat_is_rstd, float q_inv_full, float k_inv_full,
+                       float eps) {
+  using Tout = typename OutputOf<Tin>::type;
+  const int64_t nq = q_width / VEC, n = nq + k_width / VEC;
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const float2 st = stat[t];
+    const float rq = stat_is_rstd ? st.x : 1.f / sqrtf(st.x * q_inv_full + eps);
+    const float rk = stat_is_rstd ? st.y : 1.f / sqrtf(st.y * k_inv_full + eps);
+    const float2 rs = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      write_output<Tin, Tout, VEC, kOlmo2>(ra, t, i, nq, load_vec(row_vec<Tin, VEC>(ra, t, i, nq)),
+                                           load_vec(weight_vec<Tout, VEC>(ra, i, nq)), rs);
+    }
+    if (threadIdx.x == 0 && ra.rstd_out != nullptr) {
+      ra.rstd_out[2 * t] = rq;
+      ra.rstd_out[2 * t + 1] = rk;
+    }
+  }
+}
+
+/// gathered[r][t][0..w) (ranks' contiguous shards, as ncclAllGather leaves them) ->
+/// full[t][r*w .. (r+1)*w): the row layout a full-width norm reads. Moves 16-byte words when
+/// w_bytes allows, else bytes.
+template <typename Word>
+__global__ void interleave_kernel(const uint8_t* gathered, uint8_t* full, int world, int64_t T,
+                                  int64_t w_bytes) {
+  const int64_t words = w_bytes / sizeof(Word);
+  const int64_t total = static_cast<int64_t>(world) * T * words;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i % words, rt = i / words, t = rt % T, r = rt / T;
+    reinterpret_cast<Word*>(full + (t * world + r) * w_bytes)[j] =
+        reinterpret_cast<const Word*>(gathered + (r * T + t) * w_bytes)[j];
+  }
+}
+
+}  // namespace swiftqk::detail

@@ -1,0 +1,292 @@
+// The paper's NCCL baselines behind the same launch API: All-Gather (vLLM's OLMo2 path),
+// Comm-Overlap (the all-gathers of the next chunk overlapped with normalising this one) and
+// MiniMax eager (partial sums, ncclAllReduce, apply). One rank per launch; NCCL is used when the
+// group has more than one rank (it then needs a communicator from from_nccl).
+#include <nccl.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "comm_state.hpp"
+#include "kernels/eager_kernels.cuh"
+#include "swiftqk/cuda_check.hpp"
+#include "swiftqk/reference.hpp"
+
+namespace swiftqk::detail {
+
+namespace {
+
+constexpr int kOverlapChunks = 4;  // Comm-Overlap: token chunks pipelined over two streams
+
+template <typename Tin>
+void partial_sums(const RankArgs& ra, int64_t T, int64_t wq, int64_t wk, bool vec, float2* out,
+                  int grid, cudaStream_t s) {
+  constexpr int kVec = 16 / sizeof(Tin);
+  if (vec) {
+    partial_sums_kernel<Tin, kVec><<<grid, 256, 0, s>>>(ra, T, wq, wk, out);
+  } else {
+    partial_sums_kernel<Tin, 1><<<grid, 256, 0, s>>>(ra, T, wq, wk, out);
+  }
+}
+
+template <typename Tin>
+void apply_scale(const RankArgs& ra, int64_t T, int64_t wq, int64_t wk, bool vec, NormOrder o,
+                 const float2* stat, bool is_rstd, float qi, float ki, float eps, int grid,
+                 cudaStream_t s) {
+  constexpr int kVec = 16 / sizeof(Tin);
+  const bool olmo2 = o == NormOrder::kOlmo2;
+  if (vec && olmo2) {
+    apply_scale_kernel<Tin, kVec, true>
+        <<<grid, 256, 0, s>>>(ra, T, wq, wk, stat, is_rstd, qi, ki, eps);
+  } else if (vec) {
+    apply_scale_kernel<Tin, kVec, false>
+        <<<grid, 256, 0, s>>>(ra, T, wq, wk, stat, is_rstd, qi, ki, eps);
+  } else if (olmo2) {
+    apply_scale_kernel<Tin, 1, true>
+        <<<grid, 256, 0, s>>>(ra, T, wq, wk, stat, is_rstd, qi, ki, eps);
+  } else {
+    apply_scale_kernel<Tin, 1, false>
+        <<<grid, 256, 0, s>>>(ra, T, wq, wk, stat, is_rstd, qi, ki, eps);
+  }
+}
+
+// Dispatch on the input type for the two eager kernels.
+template <typename F>
+void with_type(DType t, F f) {
+  switch (t) {
+    case DType::kF32:
+      return f(float{});
+    case DType::kF16:
+      return f(__half{});
+    case DType::kBF16:
+      return f(__nv_bfloat16{});
+    case DType::kF8E4M3:
+      return f(__nv_fp8_e4m3{});
+  }
+}
+
+void interleave(const uint8_t* gathered, uint8_t* full, int world, int64_t T, int64_t w_bytes,
+                cudaStream_t s) {
+  const int grid = 1024;
+  if (w_bytes % 16 == 0) {
+    interleave_kernel<uint4><<<grid, 256, 0, s>>>(gathered, full, world, T, w_bytes);
+  } else {
+    interleave_kernel<uint8_t><<<grid, 256, 0, s>>>(gathered, full, world, T, w_bytes);
+  }
+  SWIFTQK_CUDA_TRY(cudaGetLastError());
+}
+
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  SWIFTQK_CUDA_TRY(cudaStreamIsCapturing(s, &cs));
+  return cs != cudaStreamCaptureStatusNone;
+}
+
+std::size_t align256(std::size_t b) { return (b + 255) / 256 * 256; }
+
+// Scratch of one chunk of `cap` tokens: where each piece lives.
+struct Scratch {
+  uint8_t *send_q, *send_k, *recv_q, *recv_k, *full_q, *full_k, *out_q, *out_k, *ones;
+  float2* stat;
+  std::size_t bytes;
+};
+
+Scratch carve(uint8_t* base, int world, int64_t cap, int64_t wq, int64_t wk, std::size_t is,
+              std::size_t os) {
+  Scratch sc{};
+  std::size_t off = 0;
+  auto take = [&](std::size_t b) {
+    uint8_t* p = base == nullptr ? nullptr : base + off;
+    off += align256(b);
+    return p;
+  };
+  const int64_t hq = wq * world, hk = wk * world;
+  sc.ones = take((hq + hk) * os);  // first, so that its contents survive a change of shape
+  sc.send_q = take(cap * wq * is);
+  sc.send_k = take(cap * wk * is);
+  sc.recv_q = take(cap * hq * is);
+  sc.recv_k = take(cap * hk * is);
+  sc.full_q = take(cap * hq * is);
+  sc.full_k = take(cap * hk * is);
+  sc.out_q = take(cap * hq * os);
+  sc.out_k = take(cap * hk * os);
+  sc.stat = reinterpret_cast<float2*>(take(cap * sizeof(float2)));
+  sc.bytes = off;
+  return sc;
+}
+
+// Grows the scratch (never under capture: warm up with an eager call first, as engines do
+// before capturing graphs) and refreshes the ones weight.
+Scratch ensure_scratch(CommState& st, int64_t cap, int64_t wq, int64_t wk, DType in,
+                       cudaStream_t s) {
+  const DType out = output_dtype_for(in);
+  const std::size_t is = dtype_size(in), os = dtype_size(out);
+  const Scratch need = carve(nullptr, st.world, cap, wq, wk, is, os);
+  const int64_t ones = (wq + wk) * st.world;
+  const bool fits = need.bytes <= st.scratch_bytes && st.ones_elems >= ones && st.ones_dtype == out;
+  if (!fits) {
+    SWIFTQK_EXPECTS(!capturing(s),
+                    "method " + std::string("all_gather/comm_overlap/minimax_eager") +
+                        ": its scratch must be sized by an eager call of the same or larger shape "
+                        "before CUDA-graph capture");
+    if (need.bytes > st.scratch_bytes) {
+      SWIFTQK_CUDA_TRY(cudaStreamSynchronize(s));
+      if (st.scratch != nullptr) SWIFTQK_CUDA_TRY(cudaFree(st.scratch));
+      st.scratch = nullptr;
+      SWIFTQK_CUDA_TRY(cudaMalloc(&st.scratch, need.bytes));
+      st.scratch_bytes = need.bytes;
+    }
+    Scratch sc = carve(static_cast<uint8_t*>(st.scratch), st.world, cap, wq, wk, is, os);
+    std::vector<uint8_t> host(ones * os);
+    for (int64_t i = 0; i < ones; ++i) ref::store_element(host.data(), out, i, 1.0);
+    SWIFTQK_CUDA_TRY(cudaMemcpy(sc.ones, host.data(), host.size(), cudaMemcpyHostToDevice));
+    st.ones_elems = ones;
+    st.ones_dtype = out;
+  }
+  return carve(static_cast<uint8_t*>(st.scratch), st.world, cap, wq, wk, is, os);
+}
+
+void ensure_side_stream(CommState& st) {
+  if (st.side_stream != nullptr) return;
+  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&st.side_stream, cudaStreamNonBlocking));
+  st.side_events.resize(kOverlapChunks + 2);
+  for (auto& e : st.side_events) {
+    SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+}
+
+Communicator& solo_of(CommState& st) {
+  if (!st.solo) {
+    CommConfig c = st.config;
+    c.token_capacity = st.config.token_capacity;
+    auto group = Communicator::create_local_group({st.device}, c);
+    st.solo = std::make_unique<Communicator>(std::move(group[0]));
+  }
+  return *st.solo;
+}
+
+// All-gathers `tokens` rows of this rank's Q and K shards starting at `first` (two calls, as
+// vLLM's OLMo2 code makes) into sc.recv_*, on stream s.
+void gather_chunk(CommState& st, const QkNormParams& p, const Scratch& sc, int64_t first,
+                  int64_t tokens, int64_t off_rows, cudaStream_t s) {
+  const std::size_t is = dtype_size(p.in_dtype);
+  const int64_t wq = p.q.width, wk = p.k.width;
+  uint8_t* send_q = sc.send_q + off_rows * wq * is;
+  uint8_t* send_k = sc.send_k + off_rows * wk * is;
+  SWIFTQK_CUDA_TRY(cudaMemcpy2DAsync(
+      send_q, wq * is, static_cast<const uint8_t*>(p.q.in) + first * p.q.in_stride * is,
+      p.q.in_stride * is, wq * is, tokens, cudaMemcpyDeviceToDevice, s));
+  SWIFTQK_CUDA_TRY(cudaMemcpy2DAsync(
+      send_k, wk * is, static_cast<const uint8_t*>(p.k.in) + first * p.k.in_stride * is,
+      p.k.in_stride * is, wk * is, tokens, cudaMemcpyDeviceToDevice, s));
+  uint8_t* recv_q = sc.recv_q + off_rows * wq * st.world * is;
+  uint8_t* recv_k = sc.recv_k + off_rows * wk * st.world * is;
+  if (st.world > 1) {
+    SWIFTQK_NCCL_TRY(ncclAllGather(send_q, recv_q, tokens * wq * is, ncclUint8, st.nccl, s));
+    SWIFTQK_NCCL_TRY(ncclAllGather(send_k, recv_k, tokens * wk * is, ncclUint8, st.nccl, s));
+  } else {
+    SWIFTQK_CUDA_TRY(
+        cudaMemcpyAsync(recv_q, send_q, tokens * wq * is, cudaMemcpyDeviceToDevice, s));
+    SWIFTQK_CUDA_TRY(
+        cudaMemcpyAsync(recv_k, send_k, tokens * wk * is, cudaMemcpyDeviceToDevice, s));
+  }
+}
+
+// Full-width RMSNorm of gathered rows, then the local slice: interleave [N][T][w] into rows,
+// normalise full rows (the fused kernel alone, weights of one; its per-token 1/rms kept), and
+// write this rank's slice with its own weights.
+void norm_chunk(CommState& st, const QkNormParams& p, const Scratch& sc, int64_t first,
+                int64_t tokens, int64_t off_rows, cudaStream_t s) {
+  const std::size_t is = dtype_size(p.in_dtype), os = dtype_size(output_dtype_for(p.in_dtype));
+  const int64_t wq = p.q.width, wk = p.k.width, hq = wq * st.world, hk = wk * st.world;
+  uint8_t* full_q = sc.full_q + off_rows * hq * is;
+  uint8_t* full_k = sc.full_k + off_rows * hk * is;
+  interleave(sc.recv_q + off_rows * hq * is, full_q, st.world, tokens, wq * is, s);
+  interleave(sc.recv_k + off_rows * hk * is, full_k, st.world, tokens, wk * is, s);
+  QkNormParams f;
+  f.tokens = tokens;
+  f.q_full_width = hq;
+  f.k_full_width = hk;
+  f.in_dtype = p.in_dtype;
+  f.eps = p.eps;
+  f.order = p.order;
+  f.q = {full_q, sc.out_q + off_rows * hq * os, sc.ones, hq, hq, hq, p.q.in_scale};
+  f.k = {full_k, sc.out_k + off_rows * hk * os, sc.ones + hq * os, hk, hk, hk, p.k.in_scale};
+  f.rstd_out = reinterpret_cast<float*>(sc.stat + off_rows);
+  launch_qk_norm(solo_of(st), f, s);
+  const RankArgs ra = rank_args_for(st, p, first);
+  const bool vec = vector_bytes_for(p) == 16;
+  const int grid = static_cast<int>(std::min<int64_t>(tokens, 4096));
+  with_type(p.in_dtype, [&](auto tag) {
+    apply_scale<decltype(tag)>(ra, tokens, wq, wk, vec, p.order, sc.stat + off_rows, true, 0.f, 0.f,
+                               p.eps, grid, s);
+  });
+  SWIFTQK_CUDA_TRY(cudaGetLastError());
+}
+
+void minimax_eager_chunk(CommState& st, const QkNormParams& p, const Scratch& sc, int64_t first,
+                         int64_t tokens, cudaStream_t s) {
+  const RankArgs ra = rank_args_for(st, p, first);
+  const bool vec = vector_bytes_for(p) == 16;
+  const int grid = static_cast<int>(std::min<int64_t>(tokens, 4096));
+  with_type(p.in_dtype, [&](auto tag) {
+    partial_sums<decltype(tag)>(ra, tokens, p.q.width, p.k.width, vec, sc.stat, grid, s);
+  });
+  SWIFTQK_CUDA_TRY(cudaGetLastError());
+  if (st.world > 1) {
+    SWIFTQK_NCCL_TRY(ncclAllReduce(sc.stat, sc.stat, 2 * tokens, ncclFloat, ncclSum, st.nccl, s));
+  }
+  with_type(p.in_dtype, [&](auto tag) {
+    apply_scale<decltype(tag)>(ra, tokens, p.q.width, p.k.width, vec, p.order, sc.stat, false,
+                               1.f / static_cast<float>(p.q_full_width),
+                               1.f / static_cast<float>(p.k_full_width), p.eps, grid, s);
+  });
+  SWIFTQK_CUDA_TRY(cudaGetLastError());
+}
+
+}  // namespace
+
+void launch_nccl_baseline(Communicator& comm, const QkNormParams& p, cudaStream_t stream) {
+  CommState& st = comm.state();
+  SWIFTQK_EXPECTS(st.world == 1 || st.nccl != nullptr,
+                  "method " + to_string(p.method) +
+                      " needs a communicator made by Communicator::from_nccl (one GPU per "
+                      "rank); this group of " +
+                      std::to_string(st.world) + " has no NCCL");
+  DeviceGuard guard(st.device);
+  const int64_t cap = st.config.token_capacity;
+  const Scratch sc =
+      ensure_scratch(st, std::min(cap, p.tokens), p.q.width, p.k.width, p.in_dtype, stream);
+  for (int64_t first = 0; first < p.tokens; first += cap) {
+    const int64_t tokens = std::min(cap, p.tokens - first);
+    if (p.method == Method::kMiniMaxEager) {
+      minimax_eager_chunk(st, p, sc, first, tokens, stream);
+    } else if (p.method == Method::kAllGather) {
+      gather_chunk(st, p, sc, first, tokens, 0, stream);
+      norm_chunk(st, p, sc, first, tokens, 0, stream);
+    } else {
+      // Comm-Overlap: the side stream gathers chunk c+1 while this stream normalises chunk c.
+      ensure_side_stream(st);
+      const int64_t chunk = std::max<int64_t>(1, (tokens + kOverlapChunks - 1) / kOverlapChunks);
+      cudaEvent_t inputs_ready = st.side_events[kOverlapChunks];
+      SWIFTQK_CUDA_TRY(cudaEventRecord(inputs_ready, stream));
+      SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(st.side_stream, inputs_ready, 0));
+      int c = 0;
+      for (int64_t off = 0; off < tokens; off += chunk, ++c) {
+        const int64_t n = std::min(chunk, tokens - off);
+        gather_chunk(st, p, sc, first + off, n, off, st.side_stream);
+        SWIFTQK_CUDA_TRY(cudaEventRecord(st.side_events[c], st.side_stream));
+      }
+      c = 0;
+      for (int64_t off = 0; off < tokens; off += chunk, ++c) {
+        const int64_t n = std::min(chunk, tokens - off);
+        SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(stream, st.side_events[c], 0));
+        norm_chunk(st, p, sc, first + off, n, off, stream);
+      }
+    }
+  }
+  comm.check_error();
+}
+
+}  // namespace swiftqk::detail

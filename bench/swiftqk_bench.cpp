@@ -2,10 +2,14 @@
 // and dtypes. Every timed configuration is first checked against the float64 reference (the
 // `wrong` column); any wrong result makes the tool exit non-zero. On one GPU, TP > 1 runs as
 // virtual ranks in one launch.
+#include <spawn.h>
+#include <sys/wait.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -13,98 +17,20 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "copy_kernel.hpp"
 #include "problem.hpp"
 #include "swiftqk/plan.hpp"
 
+extern char** environ;
+
 using namespace swiftqk;
 using namespace swiftqk::testing;
 using json = nlohmann::json;
-
-namespace {
-
-struct Model {
-  std::string name;
-  int64_t q, k;
-  float eps;
-  NormOrder order;  // what the model's own reference implementation does
-};
-
-const std::vector<Model>& known_models() {
-  static const std::vector<Model> m = {
-      {"olmoe", 2048, 2048, 1e-5f, NormOrder::kLlama},
-      {"olmo2-7b", 4096, 4096, 1e-6f, NormOrder::kOlmo2},
-      {"olmo2-13b", 5120, 5120, 1e-6f, NormOrder::kOlmo2},
-      {"olmo3-32b", 5120, 1024, 1e-6f, NormOrder::kOlmo2},
-      {"minimax-m2", 6144, 1024, 1e-6f, NormOrder::kLlama},
-  };
-  return m;
-}
-
-struct Stats {
-  double median, p10, p90, p99;
-};
-
-Stats stats_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  auto q = [&](double f) {
-    return v[std::min(v.size() - 1, static_cast<std::size_t>(f * v.size()))];
-  };
-  return {q(0.5), q(0.1), q(0.9), q(0.99)};
-}
-
-struct Options {
-  int warmup = 10, iters = 200, launches_per_graph = 20;
-  std::string mode = "graph";
-  std::string commit = "unknown";
-};
-
-// Times `body` (which enqueues work on s): graph mode captures launches_per_graph bodies and
-// reports replay time / launches; eager mode times each body with events.
-template <typename Body>
-Stats time_it(const Options& o, cudaStream_t s, Body body) {
-  cudaEvent_t a, b;
-  SWIFTQK_CUDA_TRY(cudaEventCreate(&a));
-  SWIFTQK_CUDA_TRY(cudaEventCreate(&b));
-  std::vector<double> us;
-  if (o.mode == "graph") {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < o.launches_per_graph; ++i) body(i);
-    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(s, &g));
-    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < o.warmup; ++i) SWIFTQK_CUDA_TRY(cudaGraphLaunch(ge, s));
-    for (int i = 0; i < o.iters; ++i) {
-      SWIFTQK_CUDA_TRY(cudaEventRecord(a, s));
-      SWIFTQK_CUDA_TRY(cudaGraphLaunch(ge, s));
-      SWIFTQK_CUDA_TRY(cudaEventRecord(b, s));
-      SWIFTQK_CUDA_TRY(cudaEventSynchronize(b));
-      float ms = 0;
-      SWIFTQK_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
-      us.push_back(ms * 1000.0 / o.launches_per_graph);
-    }
-    SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
-    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
-  } else {
-    for (int i = 0; i < o.warmup; ++i) body(i);
-    for (int i = 0; i < o.iters; ++i) {
-      SWIFTQK_CUDA_TRY(cudaEventRecord(a, s));
-      body(i);
-      SWIFTQK_CUDA_TRY(cudaEventRecord(b, s));
-      SWIFTQK_CUDA_TRY(cudaEventSynchronize(b));
-      float ms = 0;
-      SWIFTQK_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
-      us.push_back(ms * 1000.0);
-    }
-  }
-  SWIFTQK_CUDA_TRY(cudaEventDestroy(a));
-  SWIFTQK_CUDA_TRY(cudaEventDestroy(b));
-  return stats_of(us);
-}
+using namespace swiftqk::bench;
 
 // Device copy bandwidth, bytes read plus written, from a large copy by a plain SM kernel.
-double copy_gbps(const Options& o, cudaStream_t s) {
+double swiftqk::bench::copy_gbps(const Options& o, cudaStream_t s) {
   const std::size_t bytes = std::size_t(1) << 30;
   DeviceBuffer src(bytes), dst(bytes);
   SWIFTQK_CUDA_TRY(cudaMemset(src.get(), 1, bytes));
@@ -115,11 +41,7 @@ double copy_gbps(const Options& o, cudaStream_t s) {
   return 2.0 * bytes / (st.median * 1e3);
 }
 
-std::string device_name() {
-  cudaDeviceProp p;
-  SWIFTQK_CUDA_TRY(cudaGetDeviceProperties(&p, 0));
-  return p.name;
-}
+namespace {
 
 json run_method(const Options& o, Method method, const Model& m, int tp, int64_t tokens, DType dt,
                 NormOrder order, double copy_bw, cudaStream_t s) {
@@ -129,10 +51,7 @@ json run_method(const Options& o, Method method, const Model& m, int tp, int64_t
   std::vector<Communicator*> cp;
   for (auto& c : comms) cp.push_back(&c);
   Problem p = Problem::random(tokens, m.q, m.k, dt, order, m.eps, 2024 + tokens);
-  // Enough input sets that the rotation exceeds twice the 60 MB L2 at large sizes.
-  const std::size_t set_bytes = tokens * (m.q + m.k) * (dtype_size(dt) + dtype_size(p.out()));
-  const int sets = static_cast<int>(std::clamp<std::size_t>(
-      (std::size_t(120) << 20) / std::max<std::size_t>(set_bytes, 1) + 1, 1, 8));
+  const int sets = rotation_sets(tokens, m, dt);
   std::vector<std::vector<RankData>> data(sets);
   for (auto& ranks : data) {
     for (int r = 0; r < tp; ++r) {
@@ -159,41 +78,8 @@ json run_method(const Options& o, Method method, const Model& m, int tp, int64_t
 
   const Stats st = time_it(o, s, launch);
   for (auto& c : comms) c.synchronize(s);
-  const double hbm =
-      static_cast<double>(tokens) * (m.q + m.k) * (dtype_size(dt) + dtype_size(p.out())) +
-      static_cast<double>(m.q + m.k) * dtype_size(p.out());
-  const double exch = tp > 1 ? static_cast<double>(tokens) * tp * tp * kSlotBytes : 0.0;
-  json j;
-  j["method"] = to_string(method);
-  j["model"] = m.name;
-  j["q_width"] = m.q;
-  j["k_width"] = m.k;
-  j["tp"] = tp;
-  j["tokens"] = tokens;
-  j["dtype"] = to_string(dt);
-  j["order"] = to_string(order);
-  j["mode"] = o.mode;
-  j["median_us"] = st.median;
-  j["p10_us"] = st.p10;
-  j["p90_us"] = st.p90;
-  j["p99_us"] = st.p99;
-  j["hbm_bytes"] = hbm;
-  j["exchange_bytes"] = exch;
-  j["gbps"] = hbm / (st.median * 1e3);
-  j["copy_gbps"] = copy_bw;
-  j["frac_of_copy"] = hbm / (st.median * 1e3) / copy_bw;
-  j["max_abs_err"] = std::max(chk.q.max_abs, chk.k.max_abs);
-  j["mean_abs_err"] = (chk.q.mean_abs * chk.q.count + chk.k.mean_abs * chk.k.count) /
-                      std::max<double>(1, chk.q.count + chk.k.count);
-  j["rmse"] =
-      std::sqrt((chk.q.rmse * chk.q.rmse * chk.q.count + chk.k.rmse * chk.k.rmse * chk.k.count) /
-                std::max<double>(1, chk.q.count + chk.k.count));
-  j["wrong"] = chk.wrong + (chk.rstd_identical ? 0 : 1);
-  j["virtual_ranks"] = tp > 1;
-  j["device"] = device_name();
-  j["gpus"] = 1;
-  j["commit"] = o.commit;
-  return j;
+  return make_row(method, m, tp, tokens, dt, order, o.mode, st, copy_bw, chk,
+                  chk.wrong + (chk.rstd_identical ? 0 : 1), 1, o.commit);
 }
 
 // What runs without a GPU: the reference against the review's worked example, and sharded
@@ -232,48 +118,129 @@ bool reference_self_check() {
   return ok && sums_ok;
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t a = 0;
-  while (a <= s.size()) {
-    const std::size_t b = s.find(',', a);
-    const std::string part = s.substr(a, b == std::string::npos ? std::string::npos : b - a);
-    if (!part.empty()) out.push_back(part);
-    if (b == std::string::npos) break;
-    a = b + 1;
+// Virtual ranks (TP > 1) or TP 1 in this one process, on GPU 0.
+int run_single_process(const Sweep& sw, const std::vector<std::string>& tps) {
+  const Options& o = sw.options;
+  cudaStream_t s;
+  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double copy_bw = copy_gbps(o, s);
+  std::printf("device %s, copy bandwidth %.0f GB/s (read + write)\n", device_name().c_str(),
+              copy_bw);
+  json all = json::array();
+  int64_t total_wrong = 0;
+  print_header();
+  for (const Model& m : sw.models) {
+    for (DType dt : sw.dtypes) {
+      const NormOrder order = sw.order_for(m);
+      for (const auto& tps_one : tps) {
+        const int tp = std::stoi(tps_one);
+        if (m.q % tp != 0 || m.k % tp != 0) continue;
+        for (int64_t t : sw.tokens) {
+          for (Method method : sw.methods) {
+            if (uses_nccl(method) && tp > 1) {
+              // One process here: NCCL refuses several ranks on one GPU.
+              std::printf(
+                  "%-13s %-11s tp %d tokens %lld: not runnable in one process (NCCL "
+                  "needs one GPU per rank: use --procs)\n",
+                  to_string(method).c_str(), m.name.c_str(), tp, (long long)t);
+              continue;
+            }
+            json j = run_method(o, method, m, tp, t, dt, order, copy_bw, s);
+            total_wrong += j["wrong"].get<int64_t>();
+            print_row(j);
+            all.push_back(j);
+          }
+        }
+      }
+    }
   }
-  return out;
+  if (!sw.json_path.empty()) std::ofstream(sw.json_path) << all.dump(1) << "\n";
+  if (total_wrong > 0) {
+    std::printf("FAILED: %lld wrong results\n", (long long)total_wrong);
+    return 1;
+  }
+  std::printf("all %zu configurations verified against the float64 reference\n", all.size());
+  return 0;
+}
+
+// Runs this same program once per rank (TP = procs) and waits for all of them.
+int spawn_ranks(int argc, char** argv, int procs) {
+  char tmpl[] = "/tmp/swiftqk_bench_XXXXXX";
+  SWIFTQK_EXPECTS(mkdtemp(tmpl) != nullptr, "cannot create a rendezvous directory");
+  std::vector<pid_t> pids;
+  for (int r = 0; r < procs; ++r) {
+    std::vector<std::string> args(argv, argv + argc);
+    args.insert(args.end(), {"--rank", std::to_string(r), "--world", std::to_string(procs),
+                             "--rendezvous", tmpl});
+    std::vector<char*> cargs;
+    for (auto& a : args) cargs.push_back(a.data());
+    cargs.push_back(nullptr);
+    pid_t pid;
+    SWIFTQK_EXPECTS(
+        posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, cargs.data(), environ) == 0,
+        "cannot start rank " + std::to_string(r));
+    pids.push_back(pid);
+  }
+  int rc = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
+  }
+  std::filesystem::remove_all(tmpl);
+  return rc;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"SwiftQK benchmark: verify and time tensor-parallel QK-RMSNorm"};
-  Options o;
+  Sweep sw;
+  Options& o = sw.options;
   std::string models = "olmoe,olmo2-7b,olmo2-13b,olmo3-32b,minimax-m2";
   std::string shapes, tokens_s = "1,16,64,256,1024,4096,16384", tps = "1,2,4,8";
-  std::string dtypes = "bf16", order_s = "model", json_path, methods = "swiftqk";
+  std::string dtypes = "bf16", methods = "swiftqk", rendezvous;
+  int procs = 0, rank = -1, world = 0;
   app.add_option("--models", models, "model shapes by name (comma separated)");
   app.add_option("--shapes", shapes, "extra custom shapes Q:K[,Q:K...]");
   app.add_option("--tokens", tokens_s, "token counts");
-  app.add_option("--tp", tps, "TP degrees (virtual ranks on one GPU)");
+  app.add_option("--tp", tps, "TP degrees, as virtual ranks on one GPU (single process)");
+  app.add_option("--procs", procs,
+                 "one process per rank, TP = procs, rank r on GPU r mod #GPUs (NCCL and all "
+                 "methods when there are enough GPUs; else CUDA IPC, checks only)");
   app.add_option("--dtype", dtypes, "input dtypes: bf16,f16,f32,fp8");
   app.add_option("--methods", methods,
-                 "methods: swiftqk,minimax_fused,all_gather,comm_overlap,minimax_eager (the "
-                 "last three only at TP 1 in one process)");
-  app.add_option("--order", order_s, "norm order: model (each model's own), olmo2 or llama");
+                 "methods: swiftqk,minimax_fused,all_gather,comm_overlap,minimax_eager (NCCL ones "
+                 "need --procs with one GPU per rank, or TP 1)");
+  app.add_option("--order", sw.order, "norm order: model (each model's own), olmo2 or llama");
   app.add_option("--mode", o.mode, "graph or eager")->check(CLI::IsMember({"graph", "eager"}));
   app.add_option("--iters", o.iters, "timed repetitions (median and percentiles over these)");
   app.add_option("--warmup", o.warmup, "untimed repetitions first");
   app.add_option("--graph-launches", o.launches_per_graph, "launches captured per graph");
   app.add_option("--commit", o.commit, "commit recorded in the JSON");
-  app.add_option("--json", json_path, "write results as a JSON array here");
+  app.add_option("--json", sw.json_path, "write results as a JSON array here");
+  app.add_option("--rank", rank, "internal: this process's rank (set by --procs)");
+  app.add_option("--world", world, "internal: number of rank processes");
+  app.add_option("--rendezvous", rendezvous, "internal: directory shared by the rank processes");
   CLI11_PARSE(app, argc, argv);
   try {  // names are checked before anything runs, GPU or not
-    for (const auto& d : split(dtypes)) parse_dtype(d);
-    for (const auto& m : split(methods)) parse_method(m);
-    if (order_s != "model") parse_norm_order(order_s);
-  } catch (const Error& e) {
+    for (const auto& d : split(dtypes)) sw.dtypes.push_back(parse_dtype(d));
+    for (const auto& m : split(methods)) sw.methods.push_back(parse_method(m));
+    for (const auto& t : split(tokens_s)) sw.tokens.push_back(std::stoll(t));
+    if (sw.order != "model") parse_norm_order(sw.order);
+    for (const auto& name : split(models)) {
+      auto it = std::find_if(known_models().begin(), known_models().end(),
+                             [&](const Model& m) { return m.name == name; });
+      SWIFTQK_EXPECTS(it != known_models().end(), "unknown model '" + name + "'");
+      sw.models.push_back(*it);
+    }
+    for (const auto& sh : split(shapes)) {
+      const auto c = sh.find(':');
+      SWIFTQK_EXPECTS(c != std::string::npos, "a shape is Q:K, got '" + sh + "'");
+      sw.models.push_back({"custom-" + sh, std::stoll(sh.substr(0, c)),
+                           std::stoll(sh.substr(c + 1)), 1e-6f, NormOrder::kOlmo2});
+    }
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "swiftqk_bench: %s\n", e.what());
     return 2;
   }
@@ -284,72 +251,12 @@ int main(int argc, char** argv) {
         "GPU here. Running the float64 reference self-check instead.\n");
     return reference_self_check() ? 0 : 1;
   }
-  std::vector<Model> run_models;
-  for (const auto& name : split(models)) {
-    auto it = std::find_if(known_models().begin(), known_models().end(),
-                           [&](const Model& m) { return m.name == name; });
-    if (it == known_models().end()) {
-      std::fprintf(stderr, "unknown model '%s'\n", name.c_str());
-      return 2;
-    }
-    run_models.push_back(*it);
+  try {
+    if (rank >= 0) return run_rank(sw, rank, world, rendezvous);
+    if (procs > 1) return spawn_ranks(argc, argv, procs);
+    return run_single_process(sw, split(tps));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "swiftqk_bench: %s\n", e.what());
+    return 3;
   }
-  for (const auto& sh : split(shapes)) {
-    const auto c = sh.find(':');
-    const int64_t q = std::stoll(sh.substr(0, c)), k = std::stoll(sh.substr(c + 1));
-    run_models.push_back({"custom-" + sh, q, k, 1e-6f, NormOrder::kOlmo2});
-  }
-  cudaStream_t s;
-  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const double copy_bw = copy_gbps(o, s);
-  std::printf("device %s, copy bandwidth %.0f GB/s (read + write)\n", device_name().c_str(),
-              copy_bw);
-  json all = json::array();
-  int64_t total_wrong = 0;
-  std::printf("%-13s %-11s %5s %5s %3s %6s %5s %6s %9s %9s %9s %7s %6s %6s %9s\n", "method",
-              "model", "q", "k", "tp", "tokens", "dtype", "order", "median_us", "p10_us", "p99_us",
-              "GB/s", "%copy", "wrong", "max_err");
-  for (const Model& m : run_models) {
-    for (const auto& dts : split(dtypes)) {
-      const DType dt = parse_dtype(dts);
-      const NormOrder order = order_s == "model" ? m.order : parse_norm_order(order_s);
-      for (const auto& tps_one : split(tps)) {
-        const int tp = std::stoi(tps_one);
-        if (m.q % tp != 0 || m.k % tp != 0) continue;
-        for (const auto& ts : split(tokens_s)) {
-          for (const auto& ms : split(methods)) {
-            const Method method = parse_method(ms);
-            const int64_t t = std::stoll(ts);
-            if (uses_nccl(method) && tp > 1) {
-              // One process here: NCCL refuses several ranks on one GPU.
-              std::printf(
-                  "%-13s %-11s tp %d tokens %lld: not runnable here (NCCL needs one GPU "
-                  "per rank)\n",
-                  to_string(method).c_str(), m.name.c_str(), tp, (long long)t);
-              continue;
-            }
-            json j = run_method(o, method, m, tp, t, dt, order, copy_bw, s);
-            total_wrong += j["wrong"].get<int64_t>();
-            std::printf(
-                "%-13s %-11s %5lld %5lld %3d %6lld %5s %6s %9.2f %9.2f %9.2f %7.0f %6.1f %6lld "
-                "%9.2e%s\n",
-                "swiftqk", m.name.c_str(), (long long)m.q, (long long)m.k, tp, (long long)t,
-                dts.c_str(), to_string(order).c_str(), j["median_us"].get<double>(),
-                j["p10_us"].get<double>(), j["p99_us"].get<double>(), j["gbps"].get<double>(),
-                100 * j["frac_of_copy"].get<double>(), (long long)j["wrong"].get<int64_t>(),
-                j["max_abs_err"].get<double>(), j["wrong"].get<int64_t>() ? "  <-- WRONG" : "");
-            std::fflush(stdout);
-            all.push_back(j);
-          }
-        }
-      }
-    }
-  }
-  if (!json_path.empty()) std::ofstream(json_path) << all.dump(1) << "\n";
-  if (total_wrong > 0) {
-    std::printf("FAILED: %lld wrong results\n", (long long)total_wrong);
-    return 1;
-  }
-  std::printf("all %zu configurations verified against the float64 reference\n", all.size());
-  return 0;
 }

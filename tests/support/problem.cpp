@@ -228,6 +228,29 @@ Check check_ranks(const Problem& p, int world, const std::vector<RankData*>& ran
   return c;
 }
 
+Check check_rank(const Problem& p, int world, int rank, const RankData& d) {
+  Check c;
+  const int64_t T = p.tokens, qs = p.q_width / world, ks = p.k_width / world;
+  const QkNormParams& prm = d.params;
+  std::vector<double> q(T * qs), k(T * ks), gq_slice(T * qs), gk_slice(T * ks);
+  gather(prm.q.out, prm.q.out_stride, T, qs, qs, 0, p.out(), q);
+  gather(prm.k.out, prm.k.out_stride, T, ks, ks, 0, p.out(), k);
+  const std::vector<double> gq = p.gold_q(), gk = p.gold_k();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < qs; ++j) gq_slice[t * qs + j] = gq[t * p.q_width + rank * qs + j];
+    for (int64_t j = 0; j < ks; ++j) gk_slice[t * ks + j] = gk[t * p.k_width + rank * ks + j];
+  }
+  c.q = ref::compare(q, gq_slice);
+  c.k = ref::compare(k, gk_slice);
+  c.wrong = ref::count_out_of_tolerance(q, gq_slice, p.out(), p.order) +
+            ref::count_out_of_tolerance(k, gk_slice, p.out(), p.order);
+  if (c.wrong > 0) {
+    c.first_error = "rank " + std::to_string(rank) + ": q max_abs " + std::to_string(c.q.max_abs) +
+                    ", k max_abs " + std::to_string(c.k.max_abs);
+  }
+  return c;
+}
+
 bool outputs_untouched(const Problem& p, int world, const RankData& d) {
   const QkNormParams& prm = d.params;
   const std::size_t os = dtype_size(p.out());

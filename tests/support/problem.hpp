@@ -99,6 +99,10 @@ struct Check {
 };
 Check check_ranks(const Problem& p, int world, const std::vector<RankData*>& ranks);
 
+/// Checks one rank's output slice (and nothing else) against the gold output; used where each
+/// rank is its own process.
+Check check_rank(const Problem& p, int world, int rank, const RankData& d);
+
 /// Throws unless every rank's output buffer still holds the poison (nothing written).
 bool outputs_untouched(const Problem& p, int world, const RankData& d);
 

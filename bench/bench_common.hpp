@@ -1,0 +1,229 @@
+// Shared by the benchmark's single-process and one-process-per-rank modes: model shapes,
+// timing (CUDA events around graph replays or eager launches), statistics and the JSON row.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "problem.hpp"
+#include "swiftqk/cuda_check.hpp"
+#include "swiftqk/plan.hpp"
+
+namespace swiftqk::bench {
+
+using json = nlohmann::json;
+using testing::Check;
+
+struct Model {
+  std::string name;
+  int64_t q, k;
+  float eps;
+  NormOrder order;  // what the model's own reference implementation does
+};
+
+inline const std::vector<Model>& known_models() {
+  static const std::vector<Model> m = {
+      {"olmoe", 2048, 2048, 1e-5f, NormOrder::kLlama},
+      {"olmo2-7b", 4096, 4096, 1e-6f, NormOrder::kOlmo2},
+      {"olmo2-13b", 5120, 5120, 1e-6f, NormOrder::kOlmo2},
+      {"olmo3-32b", 5120, 1024, 1e-6f, NormOrder::kOlmo2},
+      {"minimax-m2", 6144, 1024, 1e-6f, NormOrder::kLlama},
+  };
+  return m;
+}
+
+struct Stats {
+  double median, p10, p90, p99;
+};
+
+inline Stats stats_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  auto q = [&](double f) {
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(f * v.size()))];
+  };
+  return {q(0.5), q(0.1), q(0.9), q(0.99)};
+}
+
+struct Options {
+  int warmup = 10, iters = 200, launches_per_graph = 20;
+  std::string mode = "graph";
+  std::string commit = "unknown";
+};
+
+// Times `body` (which enqueues work on s): graph mode captures launches_per_graph bodies and
+// reports replay time / launches; eager mode times each body with events.
+template <typename Body>
+Stats time_it(const Options& o, cudaStream_t s, Body body) {
+  cudaEvent_t a, b;
+  SWIFTQK_CUDA_TRY(cudaEventCreate(&a));
+  SWIFTQK_CUDA_TRY(cudaEventCreate(&b));
+  std::vector<double> us;
+  if (o.mode == "graph") {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < o.launches_per_graph; ++i) body(i);
+    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(s, &g));
+    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < o.warmup; ++i) SWIFTQK_CUDA_TRY(cudaGraphLaunch(ge, s));
+    for (int i = 0; i < o.iters; ++i) {
+      SWIFTQK_CUDA_TRY(cudaEventRecord(a, s));
+      SWIFTQK_CUDA_TRY(cudaGraphLaunch(ge, s));
+      SWIFTQK_CUDA_TRY(cudaEventRecord(b, s));
+      SWIFTQK_CUDA_TRY(cudaEventSynchronize(b));
+      float ms = 0;
+      SWIFTQK_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
+      us.push_back(ms * 1000.0 / o.launches_per_graph);
+    }
+    SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
+    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+  } else {
+    for (int i = 0; i < o.warmup; ++i) body(i);
+    for (int i = 0; i < o.iters; ++i) {
+      SWIFTQK_CUDA_TRY(cudaEventRecord(a, s));
+      body(i);
+      SWIFTQK_CUDA_TRY(cudaEventRecord(b, s));
+      SWIFTQK_CUDA_TRY(cudaEventSynchronize(b));
+      float ms = 0;
+      SWIFTQK_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
+      us.push_back(ms * 1000.0);
+    }
+  }
+  SWIFTQK_CUDA_TRY(cudaEventDestroy(a));
+  SWIFTQK_CUDA_TRY(cudaEventDestroy(b));
+  return stats_of(us);
+}
+
+inline std::string device_name() {
+  cudaDeviceProp p;
+  SWIFTQK_CUDA_TRY(cudaGetDeviceProperties(&p, 0));
+  return p.name;
+}
+
+inline std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t a = 0;
+  while (a <= s.size()) {
+    const std::size_t b = s.find(',', a);
+    const std::string part = s.substr(a, b == std::string::npos ? std::string::npos : b - a);
+    if (!part.empty()) out.push_back(part);
+    if (b == std::string::npos) break;
+    a = b + 1;
+  }
+  return out;
+}
+
+/// Bytes one rank moves to other GPUs per call (what the method must exchange).
+inline double exchange_bytes(Method m, int tp, int64_t tokens, int64_t q, int64_t k, DType dt) {
+  if (tp == 1) return 0.0;
+  switch (m) {
+    case Method::kSwiftQK:
+    case Method::kMiniMaxFused:
+      return static_cast<double>(tokens) * (tp - 1) * kSlotBytes;  // one slot to each peer
+    case Method::kAllGather:
+    case Method::kCommOverlap:  // its shard to every peer
+      return static_cast<double>(tokens) * (q + k) / tp * (tp - 1) * dtype_size(dt);
+    case Method::kMiniMaxEager:  // ring all-reduce of [T, 2] fp32: 2 (N-1)/N of the buffer
+      return 2.0 * tokens * 8 * (tp - 1) / tp;
+  }
+  return 0.0;
+}
+
+/// One result row, as issue 3 specifies it.
+inline json make_row(Method method, const Model& m, int tp, int64_t tokens, DType dt,
+                     NormOrder order, const std::string& mode, const Stats& st, double copy_bw,
+                     const Check& chk, int64_t wrong, int gpus, const std::string& commit) {
+  const DType out = output_dtype_for(dt);
+  const double hbm =
+      static_cast<double>(tokens) * (m.q + m.k) / tp * (dtype_size(dt) + dtype_size(out)) +
+      static_cast<double>(m.q + m.k) / tp * dtype_size(out);
+  json j;
+  j["method"] = to_string(method);
+  j["model"] = m.name;
+  j["q_width"] = m.q;
+  j["k_width"] = m.k;
+  j["tp"] = tp;
+  j["tokens"] = tokens;
+  j["dtype"] = to_string(dt);
+  j["order"] = to_string(order);
+  j["mode"] = mode;
+  j["median_us"] = st.median;
+  j["p10_us"] = st.p10;
+  j["p90_us"] = st.p90;
+  j["p99_us"] = st.p99;
+  // With virtual ranks on one GPU all ranks' bytes cross the same HBM: count all of them.
+  const double hbm_all = gpus == 1 ? hbm * tp : hbm;
+  j["hbm_bytes"] = hbm_all;
+  j["exchange_bytes"] = exchange_bytes(method, tp, tokens, m.q, m.k, dt);
+  j["gbps"] = hbm_all / (st.median * 1e3);
+  j["copy_gbps"] = copy_bw;
+  j["frac_of_copy"] = hbm_all / (st.median * 1e3) / copy_bw;
+  j["max_abs_err"] = std::max(chk.q.max_abs, chk.k.max_abs);
+  const double n = std::max<double>(1, chk.q.count + chk.k.count);
+  j["mean_abs_err"] = (chk.q.mean_abs * chk.q.count + chk.k.mean_abs * chk.k.count) / n;
+  j["rmse"] = std::sqrt(
+      (chk.q.rmse * chk.q.rmse * chk.q.count + chk.k.rmse * chk.k.rmse * chk.k.count) / n);
+  j["wrong"] = wrong;
+  j["virtual_ranks"] = gpus == 1 && tp > 1;
+  j["device"] = device_name();
+  j["gpus"] = gpus;
+  j["commit"] = commit;
+  return j;
+}
+
+/// The sweep the command line asked for.
+struct Sweep {
+  Options options;
+  std::vector<Model> models;
+  std::vector<DType> dtypes;
+  std::vector<int64_t> tokens;
+  std::vector<Method> methods;
+  std::string order = "model";  // "model": each model's own order
+  std::string json_path;
+  NormOrder order_for(const Model& m) const {
+    return order == "model" ? m.order : parse_norm_order(order);
+  }
+};
+
+inline void print_header() {
+  std::printf("%-13s %-11s %5s %5s %3s %6s %5s %6s %9s %9s %9s %7s %6s %6s %9s\n", "method",
+              "model", "q", "k", "tp", "tokens", "dtype", "order", "median_us", "p10_us", "p99_us",
+              "GB/s", "%copy", "wrong", "max_err");
+}
+
+inline void print_row(const json& j) {
+  const int64_t wrong = j["wrong"].get<int64_t>();
+  std::printf(
+      "%-13s %-11s %5lld %5lld %3d %6lld %5s %6s %9.2f %9.2f %9.2f %7.0f %6.1f %6lld %9.2e%s\n",
+      j["method"].get<std::string>().c_str(), j["model"].get<std::string>().c_str(),
+      (long long)j["q_width"].get<int64_t>(), (long long)j["k_width"].get<int64_t>(),
+      j["tp"].get<int>(), (long long)j["tokens"].get<int64_t>(),
+      j["dtype"].get<std::string>().c_str(), j["order"].get<std::string>().c_str(),
+      j["median_us"].get<double>(), j["p10_us"].get<double>(), j["p99_us"].get<double>(),
+      j["gbps"].get<double>(), 100 * j["frac_of_copy"].get<double>(), (long long)wrong,
+      j["max_abs_err"].get<double>(), wrong ? "  <-- WRONG" : "");
+  std::fflush(stdout);
+}
+
+/// Input sets rotated through so that, at large sizes, they exceed twice the 60 MB L2.
+inline int rotation_sets(int64_t tokens, const Model& m, DType dt) {
+  const std::size_t set_bytes =
+      tokens * (m.q + m.k) * (dtype_size(dt) + dtype_size(output_dtype_for(dt)));
+  return static_cast<int>(std::clamp<std::size_t>(
+      (std::size_t(120) << 20) / std::max<std::size_t>(set_bytes, 1) + 1, 1, 8));
+}
+
+/// Device copy bandwidth (bytes read + written) of a plain SM copy of 1 GiB.
+double copy_gbps(const Options& o, cudaStream_t s);
+
+/// One process per rank (TP = world): rank `rank` of a run whose processes share `dir`. Rank 0
+/// prints the table and writes the JSON. Returns the process exit code.
+int run_rank(const Sweep& sweep, int rank, int world, const std::string& dir);
+
+}  // namespace swiftqk::bench

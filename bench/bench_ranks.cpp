@@ -1,0 +1,181 @@
+// One process per rank: TP = the number of processes, rank r on GPU r mod #GPUs. With a GPU per
+// rank the group comes from NCCL (from_nccl) and every method runs; with fewer GPUs (processes
+// time-slicing one GPU) the group comes from CUDA IPC, only the fused methods run, and results
+// are checked but not timed. Each rank checks its own slice against the float64 reference; rank
+// 0 merges the ranks' figures (the slowest rank's times) and writes the table and JSON.
+#include <nccl.h>
+
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "bench_common.hpp"
+#include "rendezvous.hpp"
+
+namespace swiftqk::bench {
+
+namespace {
+
+using testing::Problem;
+using testing::RankData;
+using testing::Rendezvous;
+
+std::vector<uint8_t> to_bytes(const json& j) {
+  const std::string s = j.dump();
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+json from_bytes(const std::vector<uint8_t>& b) { return json::parse(b.begin(), b.end()); }
+
+// What one rank measured for one configuration.
+json rank_result(const Stats& st, const Check& c) {
+  return json{{"median", st.median},  {"p10", st.p10},          {"p90", st.p90},
+              {"p99", st.p99},        {"wrong", c.wrong},       {"q_max", c.q.max_abs},
+              {"k_max", c.k.max_abs}, {"q_mean", c.q.mean_abs}, {"k_mean", c.k.mean_abs},
+              {"q_rmse", c.q.rmse},   {"k_rmse", c.k.rmse},     {"q_n", c.q.count},
+              {"k_n", c.k.count}};
+}
+
+// The slowest rank's times; errors pooled over all ranks' slices.
+std::pair<Stats, Check> merge(const std::vector<json>& rs, int64_t& wrong) {
+  Stats st{0, 0, 0, 0};
+  Check c;
+  wrong = 0;
+  double q_abs = 0, k_abs = 0, q_sq = 0, k_sq = 0;
+  for (const json& r : rs) {
+    st.median = std::max(st.median, r["median"].get<double>());
+    st.p10 = std::max(st.p10, r["p10"].get<double>());
+    st.p90 = std::max(st.p90, r["p90"].get<double>());
+    st.p99 = std::max(st.p99, r["p99"].get<double>());
+    wrong += r["wrong"].get<int64_t>();
+    c.q.max_abs = std::max(c.q.max_abs, r["q_max"].get<double>());
+    c.k.max_abs = std::max(c.k.max_abs, r["k_max"].get<double>());
+    const int64_t qn = r["q_n"].get<int64_t>(), kn = r["k_n"].get<int64_t>();
+    c.q.count += qn;
+    c.k.count += kn;
+    q_abs += r["q_mean"].get<double>() * qn;
+    k_abs += r["k_mean"].get<double>() * kn;
+    q_sq += std::pow(r["q_rmse"].get<double>(), 2) * qn;
+    k_sq += std::pow(r["k_rmse"].get<double>(), 2) * kn;
+  }
+  c.q.mean_abs = q_abs / std::max<int64_t>(1, c.q.count);
+  c.k.mean_abs = k_abs / std::max<int64_t>(1, c.k.count);
+  c.q.rmse = std::sqrt(q_sq / std::max<int64_t>(1, c.q.count));
+  c.k.rmse = std::sqrt(k_sq / std::max<int64_t>(1, c.k.count));
+  return {st, c};
+}
+
+}  // namespace
+
+int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
+  const Options& o = sw.options;
+  int devices = 0;
+  SWIFTQK_CUDA_TRY(cudaGetDeviceCount(&devices));
+  const int device = rank % devices;
+  SWIFTQK_CUDA_TRY(cudaSetDevice(device));
+  const bool own_gpu = world <= devices;
+  const Rendezvous rv(dir, rank, world, 600.0);
+  cudaStream_t s;
+  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  CommConfig cfg;
+  int64_t max_tokens = 1;
+  for (int64_t t : sw.tokens) max_tokens = std::max(max_tokens, t);
+  cfg.token_capacity = std::max<int64_t>(16384, max_tokens);
+  cfg.timeout_s = own_gpu ? 10.0 : 60.0;  // time-sliced processes make round trips slow
+  ncclComm_t nccl = nullptr;
+  std::optional<Communicator> comm;
+  if (own_gpu) {
+    ncclUniqueId id;
+    if (rank == 0) {
+      SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
+      rv.publish("nccl_id", std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal));
+    }
+    const std::vector<uint8_t> b = rv.fetch("nccl_id", 0);
+    std::copy(b.begin(), b.end(), id.internal);
+    SWIFTQK_NCCL_TRY(ncclCommInitRank(&nccl, world, id, rank));
+    comm.emplace(Communicator::from_nccl(nccl, cfg, s));
+  } else {
+    IpcBootstrap boot(rank, world, device, cfg);
+    comm.emplace(boot.connect(rv.all_gather("handle", boot.local_handle())));
+    rv.barrier("opened");
+    SWIFTQK_EXPECTS(comm->probe_peers(s), "P2P write test failed between rank processes");
+  }
+  const double copy_bw = copy_gbps(o, s);
+  if (rank == 0) {
+    std::printf("%d rank processes on %d GPU(s) (%s), %s; copy bandwidth %.0f GB/s\n", world,
+                std::min(world, devices), device_name().c_str(),
+                own_gpu ? "NCCL bootstrap, every method, timed"
+                        : "CUDA IPC, GPUs time-sliced: checked, not timed",
+                copy_bw);
+    print_header();
+  }
+
+  json all = json::array();
+  int64_t total_wrong = 0;
+  int step = 0;
+  for (const Model& m : sw.models) {
+    if (m.q % world != 0 || m.k % world != 0) continue;
+    for (DType dt : sw.dtypes) {
+      const NormOrder order = sw.order_for(m);
+      for (int64_t t : sw.tokens) {
+        for (Method method : sw.methods) {
+          const std::string tag = std::to_string(step++);
+          if (uses_nccl(method) && nccl == nullptr) {
+            if (rank == 0) {
+              std::printf("%-13s %-11s tp %d tokens %lld: not runnable (needs one GPU per rank)\n",
+                          to_string(method).c_str(), m.name.c_str(), world, (long long)t);
+            }
+            continue;
+          }
+          // Every rank draws the same full problem and keeps its own shard.
+          Problem p = Problem::random(t, m.q, m.k, dt, order, m.eps, 2024 + t);
+          const int sets = rotation_sets(t, m, dt);
+          std::vector<RankData> data;
+          for (int i = 0; i < sets; ++i) {
+            data.push_back(testing::make_rank(p, world, rank, testing::Layout::kSeparate));
+            data.back().params.method = method;
+          }
+          p.refill(31337);
+          testing::upload_inputs(p, world, rank, data[0], s);
+          testing::poison(data[0], s);
+          auto launch = [&](int i) { launch_qk_norm(*comm, data[i % sets].params, s); };
+          launch(0);
+          comm->synchronize(s);
+          const Check chk = testing::check_rank(p, world, rank, data[0]);
+          Stats st{0, 0, 0, 0};
+          if (own_gpu) {
+            rv.barrier("start" + tag);
+            st = time_it(o, s, launch);
+            comm->synchronize(s);
+          }
+          const auto results = rv.all_gather("result" + tag, to_bytes(rank_result(st, chk)));
+          if (rank == 0) {
+            std::vector<json> rs;
+            for (const auto& b : results) rs.push_back(from_bytes(b));
+            int64_t wrong = 0;
+            const auto [merged, errors] = merge(rs, wrong);
+            json j = make_row(method, m, world, t, dt, order, o.mode, merged, copy_bw, errors,
+                              wrong, std::min(world, devices), o.commit);
+            j["timed"] = own_gpu;
+            total_wrong += wrong;
+            print_row(j);
+            all.push_back(j);
+          }
+        }
+      }
+    }
+  }
+  rv.barrier("done");  // no rank unmaps its workspace while a peer may still write into it
+  comm.reset();
+  if (nccl != nullptr) SWIFTQK_NCCL_TRY(ncclCommDestroy(nccl));
+  if (rank != 0) return 0;
+  if (!sw.json_path.empty()) std::ofstream(sw.json_path) << all.dump(1) << "\n";
+  if (total_wrong > 0) {
+    std::printf("FAILED: %lld wrong results\n", (long long)total_wrong);
+    return 1;
+  }
+  std::printf("all %zu configurations verified against the float64 reference\n", all.size());
+  return 0;
+}
+
+}  // namespace swiftqk::bench

@@ -15,5 +15,11 @@ if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 export PATH="$PATH:/usr/local/cuda/bin"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${SWIFTQK_CMAKE_ARGS:-}
+# The PyTorch extension is built where torch is importable (pip install --no-build-isolation .
+# installs it as a package instead).
+py_args=()
+if python3 -c 'import torch' 2>/dev/null; then
+  py_args=(-DSWIFTQK_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)")
+fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${py_args[@]}" ${SWIFTQK_CMAKE_ARGS:-}
 cmake --build build -j"$(nproc)"

@@ -1,0 +1,98 @@
+"""A drop-in QK-norm module for tensor-parallel attention, with selectable methods so that users
+can A/B them in their own engine."""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .distributed import FallbackCommunicator
+from .ops import qk_norm
+
+METHODS = ("swiftqk", "minimax_fused", "all_gather", "minimax_eager")
+
+
+def _scale_rows(x, w, rstd, order, out_dtype):
+    """Applies 1/rms per row and the weight in the model's order (HF Olmo2 or Llama)."""
+    x32 = x.float() * rstd
+    if order == "olmo2":
+        return (w.float() * x32).to(out_dtype)
+    return (w * x32.to(out_dtype)).to(out_dtype)
+
+
+class TPQKNorm(nn.Module):
+    """Layerwise QK RMSNorm for one rank of a TP group.
+
+    Args:
+        q_weight, k_weight: the FULL norm weights [Hq], [Hk] (each rank keeps its slice).
+        eps: added to mean(x^2) over the full width.
+        order: "olmo2" (HF Olmo2: weight times the fp32 product, rounded once) or "llama"
+            (OLMoE, MiniMax: the normalised value rounded, then times the weight).
+        comm: a swiftqk.Communicator or FallbackCommunicator (communicator_from_group); the
+            fused methods need one. The torch methods ("all_gather", "minimax_eager") can run
+            without one, on `group` (or TP 1 when there is no group).
+        method: "swiftqk" (default), "minimax_fused", "all_gather" or "minimax_eager".
+        group: the TP process group for the torch methods (default: the communicator's).
+    forward(q, k) takes this rank's [T, Hq/N] and [T, Hk/N] shards (views of a fused QKV
+    output allowed) and returns new normalised tensors.
+    """
+
+    def __init__(self, q_weight, k_weight, eps, order="olmo2", comm=None, method="swiftqk",
+                 group=None):
+        super().__init__()
+        if order not in ("olmo2", "llama"):
+            raise ValueError(f"order must be 'olmo2' or 'llama', got {order!r}")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if comm is not None:
+            self.world, self.rank = comm.world_size, comm.rank
+        elif group is not None:
+            self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        else:
+            self.world, self.rank = 1, 0
+        hq, hk = q_weight.numel(), k_weight.numel()
+        if hq % self.world or hk % self.world:
+            raise ValueError(f"widths {hq}/{hk} are not divisible by the TP degree {self.world}")
+        self.q_full, self.k_full, self.eps, self.order = hq, hk, float(eps), order
+        self.comm, self.method = comm, method
+        self.group = comm.group if isinstance(comm, FallbackCommunicator) else group
+        wq, wk = hq // self.world, hk // self.world
+        self.register_buffer("q_weight", q_weight.detach()[self.rank * wq:(self.rank + 1) * wq]
+                             .contiguous())
+        self.register_buffer("k_weight", k_weight.detach()[self.rank * wk:(self.rank + 1) * wk]
+                             .contiguous())
+
+    def forward(self, q, k):
+        method = self.method
+        if isinstance(self.comm, FallbackCommunicator) and method in ("swiftqk", "minimax_fused"):
+            method = "minimax_eager"
+        if method in ("swiftqk", "minimax_fused"):
+            if self.comm is None:
+                raise ValueError("the fused methods need a communicator (even at TP 1)")
+            return qk_norm(q, k, self.q_weight, self.k_weight, self.comm, self.q_full,
+                           self.k_full, self.eps, self.order, method)
+        if method == "minimax_eager":
+            return self._minimax_eager(q, k)
+        return self._all_gather(q, k)
+
+    def _minimax_eager(self, q, k):
+        # [T, 2] fp32 partial sums, one all-reduce, then the scale (vLLM's MiniMax fallback).
+        stats = torch.stack([q.float().square().sum(-1), k.float().square().sum(-1)], dim=-1)
+        if self.world > 1:
+            dist.all_reduce(stats, group=self.group)
+        rq = torch.rsqrt(stats[:, 0:1] / self.q_full + self.eps)
+        rk = torch.rsqrt(stats[:, 1:2] / self.k_full + self.eps)
+        return (_scale_rows(q, self.q_weight, rq, self.order, q.dtype),
+                _scale_rows(k, self.k_weight, rk, self.order, k.dtype))
+
+    def _all_gather(self, q, k):
+        # vLLM's OLMo2 path: gather the full rows, normalise them, keep this rank's slice.
+        def full_rstd(x, width):
+            if self.world > 1:
+                parts = [torch.empty_like(x) for _ in range(self.world)]
+                dist.all_gather(parts, x.contiguous(), group=self.group)
+                x = torch.cat(parts, dim=-1)
+            return torch.rsqrt(x.float().square().sum(-1, keepdim=True) / width + self.eps)
+
+        rq, rk = full_rstd(q, self.q_full), full_rstd(k, self.k_full)
+        return (_scale_rows(q, self.q_weight, rq, self.order, q.dtype),
+                _scale_rows(k, self.k_weight, rk, self.order, k.dtype))

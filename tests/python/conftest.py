@@ -1,0 +1,21 @@
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
+
+
+def swiftqk_or_skip():
+    try:
+        import swiftqk  # noqa: F401
+    except ImportError as e:  # the extension was not built
+        pytest.skip(f"swiftqk._C is not built here ({e})")
+    return swiftqk
+
+
+def cuda_or_skip():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine: GPU test skipped")

@@ -1,0 +1,36 @@
+"""Float64 reference and the dtype tolerances of the C++ tests (reference.hpp), in Python."""
+
+import torch
+
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
+
+
+def rms_norm_fp64(x, w, eps):
+    x64, w64 = x.double(), w.double()
+    return w64 * x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps)
+
+
+def count_wrong(got, gold, order):
+    """Elements outside |got - gold| <= rel * max(|gold|, tiny): rel is 1.25 u + 1e-5 for the
+    Olmo2 order (one rounding) and 2.25 u + 1e-5 for Llama (two)."""
+    u = UNIT_ROUNDOFF[got.dtype]
+    rel = (1.25 if order == "olmo2" else 2.25) * u + 1e-5
+    g = got.double().cpu()
+    ref = gold.double().cpu()
+    bound = rel * ref.abs().clamp_min(1e-30)
+    bad = ((g - ref).abs() > bound) | ~torch.isfinite(g)
+    return int(bad.sum())
+
+
+def random_rows(tokens, width, dtype, seed, device="cpu"):
+    """Normal values with a per-row magnitude over two decades (never zeros)."""
+    gen = torch.Generator().manual_seed(seed)
+    mag = 10.0 ** (torch.rand(tokens, 1, generator=gen) * 2 - 1)
+    x = torch.randn(tokens, width, generator=gen) * mag
+    x = torch.where(x == 0, torch.full_like(x, 1e-3), x)
+    return x.to(dtype).to(device)
+
+
+def random_weight(width, dtype, seed, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.rand(width, generator=gen) * 1.75 + 0.25).to(dtype).to(device)

@@ -1,0 +1,112 @@
+"""A TP attention block built on this package against Hugging Face transformers' Olmo2Attention
+(Olmo2 norm order) and OlmoeAttention (Llama order) run on the unsharded weights, with small
+random weights (nothing downloaded). On CPU: the torch methods over gloo processes. On a GPU:
+the fused methods too, with ranks as processes sharing the GPU through CUDA IPC."""
+
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import swiftqk_or_skip
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed here")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _hf_layer(kind, dtype, device):
+    torch.manual_seed(0)
+    if kind == "olmo2":
+        from transformers.models.olmo2 import modeling_olmo2 as m
+
+        cfg = transformers.Olmo2Config(hidden_size=256, num_attention_heads=8,
+                                       num_key_value_heads=8, intermediate_size=512,
+                                       rms_norm_eps=1e-6, attn_implementation="sdpa")
+        attn, rope = m.Olmo2Attention(cfg, 0), m.Olmo2RotaryEmbedding(cfg)
+    else:
+        from transformers.models.olmoe import modeling_olmoe as m
+
+        cfg = transformers.OlmoeConfig(hidden_size=256, num_attention_heads=8,
+                                       num_key_value_heads=8, intermediate_size=512,
+                                       rms_norm_eps=1e-5, attn_implementation="sdpa")
+        attn, rope = m.OlmoeAttention(cfg, 0), m.OlmoeRotaryEmbedding(cfg)
+    with torch.no_grad():
+        for p in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight):
+            p.normal_(0.0, 0.05)
+        attn.q_norm.weight.uniform_(0.5, 1.5)
+        attn.k_norm.weight.uniform_(0.5, 1.5)
+    return cfg, attn.to(dtype=dtype, device=device).eval(), rope.to(device)
+
+
+def _run(rank, world, port, kind, method, dtype_name, device_kind, results):
+    sys.path.insert(0, os.path.dirname(__file__))
+    import swiftqk
+    from swiftqk.tp_attention import TPAttention
+
+    dtype = getattr(torch, dtype_name)
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    if device_kind == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        cfg, attn, rope = _hf_layer(kind, dtype, device)
+        torch.manual_seed(1)
+        x = torch.randn(2, 12, cfg.hidden_size, dtype=dtype, device=device)
+        pos = torch.arange(12, device=device).unsqueeze(0).expand(2, -1)
+        cos, sin = rope(x, pos)
+        with torch.no_grad():
+            ref, _ = attn(x, (cos, sin), None)
+            comm = None
+            if method in ("swiftqk", "minimax_fused"):
+                comm = swiftqk.communicator_from_group(dist.group.WORLD, device=0, timeout_s=30.0)
+            tp = TPAttention(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
+                             attn.o_proj.weight, attn.q_norm.weight, attn.k_norm.weight,
+                             cfg.num_attention_heads, cfg.num_key_value_heads,
+                             cfg.hidden_size // cfg.num_attention_heads, cfg.rms_norm_eps,
+                             "olmo2" if kind == "olmo2" else "llama", comm, method,
+                             dist.group.WORLD)
+            out = tp(x, cos.to(dtype), sin.to(dtype))
+        # fp32: close to HF; bf16: within a few bf16 ulps of the output's scale.
+        tol = 2e-5 if dtype == torch.float32 else 3e-2
+        err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        results[rank] = err if err <= tol else f"relative error {err:.3e} > {tol}"
+    finally:
+        dist.destroy_process_group()
+
+
+def _check(world, kind, method, dtype_name, device_kind):
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_run, args=(world, _free_port(), kind, method, dtype_name, device_kind, results),
+             nprocs=world)
+    bad = {r: v for r, v in results.items() if isinstance(v, str)}
+    assert not bad and len(results) == world, bad
+
+
+@pytest.mark.parametrize("kind", ["olmo2", "olmoe"])
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("method", ["all_gather", "minimax_eager"])
+def test_matches_hf_on_cpu(kind, world, method):
+    swiftqk_or_skip()
+    _check(world, kind, method, "float32", "cpu")
+
+
+@pytest.mark.parametrize("kind", ["olmo2", "olmoe"])
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("method", ["swiftqk", "minimax_fused"])
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_fused_matches_hf_on_gpu(kind, world, method, dtype_name):
+    swiftqk_or_skip()
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine: GPU test skipped")
+    _check(world, kind, method, dtype_name, "cuda")

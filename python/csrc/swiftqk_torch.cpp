@@ -76,13 +76,13 @@ swiftqk::ShardView shard_of(const char* name, const at::Tensor& in, const at::Te
               " and its output must be 2-D [tokens, local width]");
   TORCH_CHECK(in.sizes() == out.sizes(), "swiftqk.qk_norm: ", name, " is ", in.sizes(),
               " but its output is ", out.sizes());
-  TORCH_CHECK(in.size(0) == 0 || (in.stride(1) == 1 && out.stride(1) == 1), "swiftqk.qk_norm: ",
-              name, " rows must be contiguous (stride 1 along the width)");
+  TORCH_CHECK(in.size(0) == 0 || (in.stride(1) == 1 && out.stride(1) == 1),
+              "swiftqk.qk_norm: ", name, " rows must be contiguous (stride 1 along the width)");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == in.size(1) && weight.is_contiguous(),
               "swiftqk.qk_norm: ", name, "_weight must be a contiguous [", in.size(1),
               "] shard of the norm weight");
-  TORCH_CHECK(in.is_cuda() && out.is_cuda() && weight.is_cuda() &&
-                  in.device() == out.device() && in.device() == weight.device(),
+  TORCH_CHECK(in.is_cuda() && out.is_cuda() && weight.is_cuda() && in.device() == out.device() &&
+                  in.device() == weight.device(),
               "swiftqk.qk_norm: ", name, ", its weight and output must be on one CUDA device");
   swiftqk::ShardView v;
   v.in = in.data_ptr();
@@ -102,8 +102,9 @@ void qk_norm_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_
   swiftqk::Communicator& c = communicator_of(comm);
   TORCH_CHECK(q.size(0) == k.size(0), "swiftqk.qk_norm: q has ", q.size(0), " tokens, k ",
               k.size(0));
-  TORCH_CHECK(q.device().index() == c.device(), "swiftqk.qk_norm: tensors are on cuda:",
-              q.device().index(), " but the communicator is on cuda:", c.device());
+  TORCH_CHECK(q.device().index() == c.device(),
+              "swiftqk.qk_norm: tensors are on cuda:", q.device().index(),
+              " but the communicator is on cuda:", c.device());
   const swiftqk::DType in = dtype_of(q, "q");
   TORCH_CHECK(dtype_of(k, "k") == in, "swiftqk.qk_norm: q and k dtypes differ");
   const at::ScalarType out_t = in == swiftqk::DType::kF8E4M3 ? at::kBFloat16 : q.scalar_type();
@@ -191,8 +192,7 @@ PYBIND11_MODULE(_C, m) {
              });
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("device"),
-           py::arg("token_capacity") = 16384, py::arg("timeout_s") = 5.0,
-           py::arg("sm_budget") = 0)
+           py::arg("token_capacity") = 16384, py::arg("timeout_s") = 5.0, py::arg("sm_budget") = 0)
       .def("local_handle",
            [](swiftqk::IpcBootstrap& b) {
              const std::vector<uint8_t> h = translate([&] { return b.local_handle(); });

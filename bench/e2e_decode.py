@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""End-to-end tensor-parallel decode step with layerwise QK-norm: TPOT and tokens/s per QK-norm
+method (the paper's Fig. 2(c)).
+
+An OLMo2-13B-, OLMo3-32B- or OLMoE-shaped decoder with random weights (nothing downloaded):
+per layer RMSNorm, TPAttention (fused QKV column-parallel projection, QK-norm, RoPE, attention
+over a KV cache of the given context length, row-parallel output + all-reduce), RMSNorm and a
+SwiGLU MLP (column/row parallel + all-reduce). OLMoE's MoE is replaced by a dense MLP as wide as
+its active experts (8 x 1024), which keeps the per-token matrix work. The decode step for a
+batch is captured into a CUDA graph and replayed; TPOT = one replay.
+
+    torchrun --nproc-per-node N bench/e2e_decode.py --model olmo2-13b --layers 8   # N GPUs
+    python3 bench/e2e_decode.py --model olmo2-13b                                  # TP 1
+
+Methods: swiftqk, minimax_fused (the fused kernel), all_gather, minimax_eager (torch
+collectives), and at TP 1 "plain" (torch.nn.functional.rms_norm, the single-GPU baseline).
+On CPU (--device cpu, tiny shapes) it runs eagerly as a smoke test.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+
+MODELS = {  # hidden, heads, kv heads, head_dim, MLP width, eps, norm order, layers
+    "olmo2-13b": (5120, 40, 40, 128, 13824, 1e-6, "olmo2", 40),
+    "olmo3-32b": (5120, 40, 8, 128, 27648, 1e-6, "olmo2", 64),
+    "olmoe": (2048, 16, 16, 128, 8 * 1024, 1e-5, "llama", 16),
+    "tiny": (256, 8, 8, 32, 512, 1e-6, "olmo2", 2),
+}
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, cfg, method, comm, group, rank, world, batch, ctx, dtype, device):
+        super().__init__()
+        from swiftqk.tp_attention import TPAttention
+
+        hidden, heads, kv, hd, inter, eps, order, _ = cfg
+        g = lambda *s: (torch.randn(*s, dtype=dtype, device=device) * 0.02)  # noqa: E731
+        self.eps, self.world, self.group = eps, world, group
+        self.ln1 = torch.ones(hidden, dtype=dtype, device=device)
+        self.ln2 = torch.ones(hidden, dtype=dtype, device=device)
+        qn = torch.rand(heads * hd, dtype=dtype, device=device) + 0.5
+        kn = torch.rand(kv * hd, dtype=dtype, device=device) + 0.5
+        norm_method = "all_gather" if method == "plain" else method
+        self.attn = TPAttention(g(heads * hd, hidden), g(kv * hd, hidden), g(kv * hd, hidden),
+                                g(hidden, heads * hd), qn, kn, heads, kv, hd, eps, order, comm,
+                                norm_method, group)
+        if method == "plain":  # single-GPU: the norm is torch's own rms_norm over full rows
+            self.attn.norm.forward = lambda q, k: (
+                F.rms_norm(q, (q.shape[-1],), self.attn.norm.q_weight, eps),
+                F.rms_norm(k, (k.shape[-1],), self.attn.norm.k_weight, eps))
+        i = inter // world
+        self.w_up = g(2 * i, hidden)
+        self.w_down = g(hidden, i)
+        # KV cache of `ctx` positions per sequence (decode attends over all of them).
+        h = self.attn.hkv
+        self.k_cache = torch.randn(batch, h, ctx, hd, dtype=dtype, device=device)
+        self.v_cache = torch.randn(batch, h, ctx, hd, dtype=dtype, device=device)
+
+    def forward(self, x, cos, sin):
+        b = x.shape[0]
+        h = F.rms_norm(x, (x.shape[-1],), self.ln1, self.eps)
+        a = self.attn
+        qkv = (h @ a.w_qkv.T).reshape(b, -1)
+        q, k, v = torch.split(qkv, a.widths, dim=-1)
+        q, k = a.norm(q, k)
+        q = q.view(b, a.h, 1, a.d)
+        k = k.view(b, a.hkv, 1, a.d)
+        q = q * cos + torch.cat((-q[..., a.d // 2:], q[..., :a.d // 2]), -1) * sin
+        k = k * cos + torch.cat((-k[..., a.d // 2:], k[..., :a.d // 2]), -1) * sin
+        self.k_cache[:, :, -1:].copy_(k)  # the new token takes the last cache position
+        self.v_cache[:, :, -1:].copy_(v.reshape(b, a.hkv, 1, a.d))
+        kk, vv = self.k_cache, self.v_cache
+        if a.hkv != a.h:
+            kk = kk.repeat_interleave(a.h // a.hkv, dim=1)
+            vv = vv.repeat_interleave(a.h // a.hkv, dim=1)
+        o = F.scaled_dot_product_attention(q, kk, vv).reshape(b, a.h * a.d) @ a.w_o.T
+        if self.world > 1:
+            dist.all_reduce(o, group=self.group)
+        x = x + o
+        h = F.rms_norm(x, (x.shape[-1],), self.ln2, self.eps)
+        gate, up = (h @ self.w_up.T).chunk(2, dim=-1)
+        m = (F.silu(gate) * up) @ self.w_down.T
+        if self.world > 1:
+            dist.all_reduce(m, group=self.group)
+        return x + m
+
+
+def run(args, method, batch, ctx, rank, world, group, comm, device):
+    import swiftqk  # noqa: F401
+
+    cfg = MODELS[args.model]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    layers = [Layer(cfg, method, comm, group, rank, world, batch, ctx, dtype, device)
+              for _ in range(args.layers or cfg[7])]
+    x = torch.randn(batch, cfg[0], dtype=dtype, device=device)
+    hd = cfg[3]
+    cos = torch.ones(1, 1, 1, hd, dtype=dtype, device=device) * 0.6
+    sin = torch.ones(1, 1, 1, hd, dtype=dtype, device=device) * 0.8
+
+    def step():
+        y = x
+        for layer in layers:
+            y = layer(y, cos, sin)
+        return y
+
+    times = []
+    if device.type == "cuda":
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        for _ in range(5):
+            g.replay()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(args.iters)]
+        for a, b in ev:
+            a.record()
+            g.replay()
+            b.record()
+        torch.cuda.synchronize()
+        times = [a.elapsed_time(b) for a, b in ev]
+    else:
+        for _ in range(args.iters):
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    tpot = statistics.median(times)
+    return {"method": method, "model": args.model, "tp": world, "batch": batch, "context": ctx,
+            "layers": len(layers), "tpot_ms": tpot,
+            "p99_ms": times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)],
+            "tokens_per_s": batch / tpot * 1e3, "device": str(device)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="olmo2-13b", choices=sorted(MODELS))
+    ap.add_argument("--layers", type=int, default=8, help="decoder layers (0: the model's own)")
+    ap.add_argument("--batch", default="1,8,32,128,256")
+    ap.add_argument("--context", default="512,4096")
+    ap.add_argument("--methods", default="swiftqk,minimax_fused,all_gather,minimax_eager,plain")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) \
+        if args.device == "cuda" else torch.device("cpu")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("e2e_decode.py: no CUDA GPU on this machine; use --device cpu for a smoke test")
+        return 0
+    group, comm = None, None
+    if world > 1 or args.device == "cuda":
+        if args.device == "cuda":
+            torch.cuda.set_device(device)
+        if world > 1:
+            dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+            group = dist.group.WORLD
+    methods = args.methods.split(",")
+    if args.device == "cuda" and any(m in ("swiftqk", "minimax_fused") for m in methods):
+        import swiftqk
+
+        comm = (swiftqk.communicator_from_group(group, device.index) if world > 1
+                else swiftqk.create_local_group([device.index])[0])
+    rows, combos = [], [(m, b, c) for m in methods for b in map(int, args.batch.split(","))
+                        for c in map(int, args.context.split(","))]
+    for i, (m, b, c) in enumerate(combos):
+        if m == "plain" and world > 1:
+            continue
+        if m in ("swiftqk", "minimax_fused") and comm is None:
+            continue  # the fused kernel needs a GPU
+        r = run(args, m, b, c, rank, world, group, comm, device)
+        rows.append(r)
+        if rank == 0:
+            print(f"[{i + 1}/{len(combos)}] {m:<13} batch {b:>4} ctx {c:>5}: TPOT "
+                  f"{r['tpot_ms']:8.3f} ms (p99 {r['p99_ms']:.3f}), {r['tokens_per_s']:9.0f} tok/s",
+                  flush=True)
+    if rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,12 @@
 // One rank of a group of separate processes sharing GPUs through CUDA IPC. Handles and a final
 // barrier travel through files in a directory. Exit code 0: every checked call was correct.
-//   swiftqk_ipc_worker RANK WORLD DIR [TOKENS] [CALLS] [DEVICE]
+//   swiftqk_ipc_worker RANK WORLD DIR [TOKENS] [CALLS] [DEVICE] [DIE_RANK DIE_CALL]
+// Fault mode (DIE_RANK >= 0): rank DIE_RANK exits abruptly at call DIE_CALL, as a killed process
+// would; every other rank must then get a clear error within its timeout (exit 0), not hang and
+// not return silently (exit 4).
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -21,10 +27,14 @@ int main(int argc, char** argv) {
   const int64_t tokens = argc > 4 ? std::stoll(argv[4]) : 64;
   const int calls = argc > 5 ? std::stoi(argv[5]) : 6;
   const int device = argc > 6 ? std::stoi(argv[6]) : 0;
+  const int die_rank = argc > 8 ? std::stoi(argv[7]) : -1;
+  const int die_call = argc > 8 ? std::stoi(argv[8]) : -1;
   try {
     SWIFTQK_CUDA_TRY(cudaSetDevice(device));
     CommConfig cfg;
-    cfg.timeout_s = 30.0;  // processes sharing one GPU time-slice: a round trip is milliseconds
+    // Processes sharing one GPU time-slice: a round trip takes milliseconds. In fault mode a
+    // shorter bound shows that survivors stop in time.
+    cfg.timeout_s = die_rank >= 0 ? 3.0 : 30.0;
     const Rendezvous rv(dir, rank, world);
     IpcBootstrap boot(rank, world, device, cfg);
     Communicator comm = boot.connect(rv.all_gather("handle", boot.local_handle()));
@@ -44,6 +54,7 @@ int main(int argc, char** argv) {
     SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
     int wrong_calls = 0;
     for (int call = 0; call < calls; ++call) {
+      if (call == die_call && rank == die_rank) _exit(0);  // no cleanup: a killed process
       p.refill(500 + call);
       upload_inputs(p, world, rank, d, s);
       poison(d, s);
@@ -51,6 +62,20 @@ int main(int argc, char** argv) {
         launch_qk_norm(comm, d.params, s);
       } else {
         SWIFTQK_CUDA_TRY(cudaGraphLaunch(ge, s));
+      }
+      if (call == die_call) {
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          comm.synchronize(s);
+        } catch (const Error& e) {
+          const double secs =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          std::printf("rank %d survived a dead peer after %.1f s: %s\n", rank, secs, e.what());
+          return secs < 3.0 * cfg.timeout_s ? 0 : 5;
+        }
+        std::fprintf(stderr, "rank %d: the call with a dead peer returned without an error\n",
+                     rank);
+        return 4;
       }
       comm.synchronize(s);
       const int64_t wrong = check_rank(p, world, rank, d).wrong;

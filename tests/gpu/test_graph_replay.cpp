@@ -5,6 +5,7 @@
 #include <map>
 #include <vector>
 
+#include "comm_state.hpp"
 #include "problem.hpp"
 
 namespace swiftqk::testing {
@@ -105,6 +106,71 @@ TEST(GraphReplay, Tp4MiniMaxFused) {
 TEST(GraphReplay, Tp8Olmo2) {
   REQUIRE_GPU();
   replay_test(8, NormOrder::kOlmo2, 60);
+}
+
+}  // namespace
+}  // namespace swiftqk::testing
+
+// Soak: a million graph replays with token counts changing every thousand, the call counter
+// started just below its 2^30 wrap, and every hundred-thousandth replay checked against the
+// reference. (Latency drift is for the benchmark to measure; this checks correctness only.)
+
+namespace swiftqk::testing {
+namespace {
+
+TEST(Soak, MillionReplaysAcrossTheCounterWrap) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  const int world = 4;
+  auto comms = Communicator::create_local_group(std::vector<int>(world, 0));
+  std::vector<Communicator*> cp;
+  for (auto& c : comms) {
+    cp.push_back(&c);
+    const uint32_t near_wrap = 0x3fffff00u;  // wraps after 256 calls
+    SWIFTQK_CUDA_TRY(
+        cudaMemcpy(&c.state().d_state->call, &near_wrap, sizeof near_wrap, cudaMemcpyHostToDevice));
+  }
+  cudaStream_t s;
+  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const std::vector<int64_t> token_counts = {1, 5, 64};
+  std::vector<Problem> problems;
+  std::vector<std::vector<RankData>> data(token_counts.size());
+  std::vector<cudaGraphExec_t> graphs(token_counts.size());
+  for (std::size_t i = 0; i < token_counts.size(); ++i) {
+    problems.push_back(Problem::random(token_counts[i], 2048, 512, DType::kBF16, NormOrder::kOlmo2,
+                                       1e-6f, 90 + i));
+    std::vector<QkNormParams> pp;
+    for (int r = 0; r < world; ++r) {
+      data[i].push_back(make_rank(problems[i], world, r, Layout::kSeparate));
+      pp.push_back(data[i].back().params);
+    }
+    cudaGraph_t g;
+    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    launch_qk_norm_group(cp, pp, s);
+    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(s, &g));
+    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&graphs[i], g, 0));
+    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+  }
+  const int total = 1'000'000, per_switch = 1000, check_every = 100'000;
+  for (int n = 0; n < total; n += per_switch) {
+    const std::size_t i = (n / per_switch) % graphs.size();
+    for (int j = 0; j < per_switch; ++j) SWIFTQK_CUDA_TRY(cudaGraphLaunch(graphs[i], s));
+    if ((n + per_switch) % check_every == 0) {
+      problems[i].refill(n);
+      for (int r = 0; r < world; ++r) {
+        upload_inputs(problems[i], world, r, data[i][r], s);
+        poison(data[i][r], s);
+      }
+      SWIFTQK_CUDA_TRY(cudaGraphLaunch(graphs[i], s));
+      for (auto& c : comms) c.synchronize(s);
+      std::vector<RankData*> rp;
+      for (auto& d : data[i]) rp.push_back(&d);
+      const Check chk = check_ranks(problems[i], world, rp);
+      ASSERT_EQ(chk.wrong, 0) << "after " << n + per_switch << " replays: " << chk.first_error;
+      ASSERT_TRUE(chk.rstd_identical);
+    }
+  }
+  for (auto g : graphs) SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(g));
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s));
 }
 
 }  // namespace

@@ -27,15 +27,17 @@ std::string worker_path() {
       .string();
 }
 
-int run_group(int world, int64_t tokens, int calls) {
+int run_group(int world, int64_t tokens, int calls, int die_rank = -1, int die_call = -1) {
   const std::string dir = std::filesystem::temp_directory_path() /
                           ("swiftqk_ipc_" + std::to_string(getpid()) + "_" + std::to_string(world));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> args = {worker_path(), std::to_string(r),      std::to_string(world),
-                                     dir,           std::to_string(tokens), std::to_string(calls)};
+    std::vector<std::string> args = {
+        worker_path(), std::to_string(r),        std::to_string(world),
+        dir,           std::to_string(tokens),   std::to_string(calls),
+        "0",           std::to_string(die_rank), std::to_string(die_call)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -65,6 +67,13 @@ int run_group(int world, int64_t tokens, int calls) {
 TEST(IpcProcesses, TwoRanks) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   EXPECT_EQ(run_group(2, 96, 6), 0);
+}
+
+// A peer process that dies in the middle of a run (after two good calls): the survivors fail
+// with a clear error within their timeout; nothing hangs.
+TEST(IpcProcesses, KilledPeerMakesSurvivorsFailInTime) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  EXPECT_EQ(run_group(3, 40, 6, /*die_rank=*/1, /*die_call=*/2), 0);
 }
 
 TEST(IpcProcesses, FourRanks) {

@@ -9,6 +9,8 @@ The op itself is ``torch.ops.swiftqk.qk_norm`` (schema-registered, mutates its t
 Meta kernel): it works eagerly, under CUDA-graph capture and inside ``torch.compile``.
 """
 
+import torch  # noqa: F401  (loads libtorch, which the extension links against)
+
 from . import _C  # noqa: F401  (registers torch.ops.swiftqk and the communicator classes)
 from ._C import Communicator, IpcBootstrap, create_local_group
 from .distributed import FallbackCommunicator, communicator_from_group

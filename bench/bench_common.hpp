@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -217,6 +218,17 @@ inline int rotation_sets(int64_t tokens, const Model& m, DType dt) {
       tokens * (m.q + m.k) * (dtype_size(dt) + dtype_size(output_dtype_for(dt)));
   return static_cast<int>(std::clamp<std::size_t>(
       (std::size_t(120) << 20) / std::max<std::size_t>(set_bytes, 1) + 1, 1, 8));
+}
+
+/// Writes the JSON (if asked) and the verdict; the exit code is 1 if any result was wrong.
+inline int finish(const Sweep& sw, const json& all, int64_t total_wrong) {
+  if (!sw.json_path.empty()) std::ofstream(sw.json_path) << all.dump(1) << "\n";
+  if (total_wrong > 0) {
+    std::printf("FAILED: %lld wrong results\n", static_cast<long long>(total_wrong));
+    return 1;
+  }
+  std::printf("all %zu configurations verified against the float64 reference\n", all.size());
+  return 0;
 }
 
 /// Device copy bandwidth (bytes read + written) of a plain SM copy of 1 GiB.

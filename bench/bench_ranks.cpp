@@ -5,7 +5,6 @@
 // 0 merges the ranks' figures (the slowest rank's times) and writes the table and JSON.
 #include <nccl.h>
 
-#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -169,13 +168,7 @@ int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
   comm.reset();
   if (nccl != nullptr) SWIFTQK_NCCL_TRY(ncclCommDestroy(nccl));
   if (rank != 0) return 0;
-  if (!sw.json_path.empty()) std::ofstream(sw.json_path) << all.dump(1) << "\n";
-  if (total_wrong > 0) {
-    std::printf("FAILED: %lld wrong results\n", (long long)total_wrong);
-    return 1;
-  }
-  std::printf("all %zu configurations verified against the float64 reference\n", all.size());
-  return 0;
+  return finish(sw, all, total_wrong);
 }
 
 }  // namespace swiftqk::bench

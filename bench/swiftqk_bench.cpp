@@ -154,13 +154,7 @@ int run_single_process(const Sweep& sw, const std::vector<std::string>& tps) {
       }
     }
   }
-  if (!sw.json_path.empty()) std::ofstream(sw.json_path) << all.dump(1) << "\n";
-  if (total_wrong > 0) {
-    std::printf("FAILED: %lld wrong results\n", (long long)total_wrong);
-    return 1;
-  }
-  std::printf("all %zu configurations verified against the float64 reference\n", all.size());
-  return 0;
+  return finish(sw, all, total_wrong);
 }
 
 // Runs this same program once per rank (TP = procs) and waits for all of them.

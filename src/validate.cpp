@@ -56,9 +56,17 @@ void check_shard(const char* name, const ShardView& v, int64_t tokens, int64_t f
   SWIFTQK_EXPECTS(full_width % world == 0, n + "_full_width " + std::to_string(full_width) +
                                                " is not divisible by the TP degree " +
                                                std::to_string(world));
-  SWIFTQK_EXPECTS(v.width == full_width / world,
-                  n + ".width is " + std::to_string(v.width) + " but " + n +
-                      "_full_width / TP = " + std::to_string(full_width / world));
+  // K heads replicated over ranks (fewer KV heads than TP ranks, as engines shard them) show up
+  // as shards that together are a multiple of the full width: say so.
+  const bool replicated =
+      v.width > 0 && v.width * world > full_width && (v.width * world) % full_width == 0;
+  SWIFTQK_EXPECTS(
+      v.width == full_width / world,
+      n + ".width is " + std::to_string(v.width) + " but " + n +
+          "_full_width / TP = " + std::to_string(full_width / world) +
+          (replicated ? " (the shards add up to " + std::to_string(v.width * world / full_width) +
+                            " x " + n + "_full_width: replicated heads are not supported yet)"
+                      : std::string()));
   SWIFTQK_EXPECTS(v.in_stride >= v.width, n + ".in_stride " + std::to_string(v.in_stride) +
                                               " is smaller than the width " +
                                               std::to_string(v.width));

@@ -464,5 +464,22 @@ TEST_F(ValidateTest, VectorBytesForMisalignedPointerOrStrideIsTheElementSize) {
   EXPECT_EQ(vector_bytes_for(p), 16);
 }
 
+TEST_F(ValidateTest, ReplicatedKvHeadsAreNamed) {
+  // 8 KV heads of 128 at TP 16: engines give each rank a whole (replicated) head of 128.
+  QkNormParams p = Valid();
+  p.q.width = p.q_full_width / 16;
+  p.k_full_width = 1024;
+  p.k.width = 128;
+  p.k.in_stride = p.k.out_stride = 128;
+  try {
+    validate_params(p, 16);
+    ADD_FAILURE() << "replicated K heads were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("add up to 2 x k_full_width: replicated heads"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace swiftqk

@@ -34,6 +34,8 @@ build/bench/swiftqk_bench --dtype bf16,fp8 --methods swiftqk,minimax_fused,all_g
   --tokens 4096 --iters 20 --commit "$commit" --json "$OUT/bench_precision.json" \
   >"$OUT/bench_precision.log" 2>&1
 summary+=("bench precision: $(tail -1 "$OUT/bench_precision.log")")
+python3 bench/precision_table.py "$OUT/bench_precision.json" >"$OUT/precision.md" 2>&1
+summary+=("precision: $(tail -1 "$OUT/precision.md")")
 python3 bench/torch_rms_norm.py --iters 100 --json "$OUT/torch.json" \
   --swiftqk-json "$OUT/bench_methods.json" >"$OUT/torch.log" 2>&1
 summary+=("torch: $(tail -1 "$OUT/torch.log")")

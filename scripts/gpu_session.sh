@@ -23,7 +23,7 @@ summary=()
 build/tests/swiftqk_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
 summary+=("gpu gtests: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/gpu_tests.log" | tr '\n' ' ')")
 if python3 -c 'import swiftqk' 2>/dev/null || [ -f python/swiftqk/_C*.so ]; then
-  timeout 600 python3 -m pytest -q tests/python -x >"$OUT/pytest.log" 2>&1
+  timeout 600 python3 -m pytest -q tests/python >"$OUT/pytest.log" 2>&1
   summary+=("pytest: $(tail -1 "$OUT/pytest.log")")
 fi
 [ "${1:-}" = quick ] && { printf '%s\n' "${summary[@]}"; exit 0; }

@@ -226,7 +226,6 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   }
 
   LaunchArgs a{};
-  a.num_ranks = ranks;
   a.world = world;
   a.group_threads = shape.group_threads;
   a.tokens_per_block = shape.tokens_per_block;

@@ -158,9 +158,7 @@ void ensure_side_stream(CommState& st) {
 
 Communicator& solo_of(CommState& st) {
   if (!st.solo) {
-    CommConfig c = st.config;
-    c.token_capacity = st.config.token_capacity;
-    auto group = Communicator::create_local_group({st.device}, c);
+    auto group = Communicator::create_local_group({st.device}, st.config);
     st.solo = std::make_unique<Communicator>(std::move(group[0]));
   }
   return *st.solo;

@@ -54,7 +54,6 @@ struct RankArgs {
 
 struct LaunchArgs {
   RankArgs r[kMaxRanksPerLaunch];
-  int num_ranks;        // ranks in this launch
   int world;            // ranks in the group
   int blocks_per_rank;  // blockIdx.x / blocks_per_rank picks r[]
   int group_threads;    // threads per token row

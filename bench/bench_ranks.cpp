@@ -10,6 +10,7 @@
 
 #include "bench_common.hpp"
 #include "rendezvous.hpp"
+#include "signal_kernel.hpp"
 
 namespace swiftqk::bench {
 
@@ -63,6 +64,54 @@ std::pair<Stats, Check> merge(const std::vector<json>& rs, int64_t& wrong) {
   return {st, c};
 }
 
+// The NVLink signal round trip between ranks 0 and 1 (median of 3 runs of 20000 rounds): each
+// opens the other's flag word through CUDA IPC. Other ranks take part in the rendezvous only.
+double measure_round_trip_us(const Rendezvous& rv, int rank, cudaStream_t s) {
+  uint32_t* flag = nullptr;
+  SWIFTQK_CUDA_TRY(cudaMalloc(&flag, 256));
+  cudaIpcMemHandle_t h;
+  SWIFTQK_CUDA_TRY(cudaIpcGetMemHandle(&h, flag));
+  const auto* hb = reinterpret_cast<const uint8_t*>(&h);
+  const auto all = rv.all_gather("flag", std::vector<uint8_t>(hb, hb + sizeof h));
+  void* peer = nullptr;
+  std::vector<double> runs;
+  if (rank < 2) {
+    cudaIpcMemHandle_t ph;
+    std::copy(all[1 - rank].begin(), all[1 - rank].end(), reinterpret_cast<uint8_t*>(&ph));
+    SWIFTQK_CUDA_TRY(cudaIpcOpenMemHandle(&peer, ph, cudaIpcMemLazyEnablePeerAccess));
+  }
+  for (int run = 0; run < 3; ++run) {
+    SWIFTQK_CUDA_TRY(cudaMemset(flag, 0, 256));
+    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    rv.barrier("pingpong" + std::to_string(run));
+    if (rank < 2) {
+      runs.push_back(
+          ping_pong_us(flag, static_cast<uint32_t*>(peer), rank == 0, 2000, 20000, 30.0, s));
+    }
+  }
+  rv.barrier("pingpong_done");  // the partner no longer writes into this flag
+  if (peer != nullptr) SWIFTQK_CUDA_TRY(cudaIpcCloseMemHandle(peer));
+  SWIFTQK_CUDA_TRY(cudaFree(flag));
+  if (rank != 0) return 0.0;
+  std::sort(runs.begin(), runs.end());
+  return runs[1];
+}
+
+// The same shard normalised on this GPU alone (TP 1 over widths q/world and k/world): the work
+// SwiftQK cannot avoid, with no exchange.
+double local_only_us(const Options& o, Communicator& local, const Model& m, int world, int64_t t,
+                     DType dt, NormOrder order, cudaStream_t s) {
+  const Model shard{m.name, m.q / world, m.k / world, m.eps, order};
+  Problem p = Problem::random(t, shard.q, shard.k, dt, order, m.eps, 4048 + t);
+  std::vector<RankData> data;
+  const int sets = rotation_sets(t, shard, dt);
+  for (int i = 0; i < sets; ++i)
+    data.push_back(testing::make_rank(p, 1, 0, testing::Layout::kSeparate));
+  const Stats st = time_it(o, s, [&](int i) { launch_qk_norm(local, data[i % sets].params, s); });
+  local.synchronize(s);
+  return st.median;
+}
+
 }  // namespace
 
 int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
@@ -100,12 +149,20 @@ int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
     SWIFTQK_EXPECTS(comm->probe_peers(s), "P2P write test failed between rank processes");
   }
   const double copy_bw = copy_gbps(o, s);
+  // The floor of issue 6: one NVLink round trip plus the local-only time of the same shard.
+  double rtt_us = 0.0;
+  std::optional<Communicator> local;
+  if (own_gpu && world > 1) {
+    rtt_us = measure_round_trip_us(rv, rank, s);
+    if (rank == 0) local.emplace(std::move(Communicator::create_local_group({device}, cfg)[0]));
+  }
   if (rank == 0) {
     std::printf("%d rank processes on %d GPU(s) (%s), %s; copy bandwidth %.0f GB/s\n", world,
                 std::min(world, devices), device_name().c_str(),
                 own_gpu ? "NCCL bootstrap, every method, timed"
                         : "CUDA IPC, GPUs time-sliced: checked, not timed",
                 copy_bw);
+    if (rtt_us > 0) std::printf("NVLink signal round trip GPU 0 <-> GPU 1: %.2f us\n", rtt_us);
     print_header();
   }
 
@@ -117,6 +174,9 @@ int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
     for (DType dt : sw.dtypes) {
       const NormOrder order = sw.order_for(m);
       for (int64_t t : sw.tokens) {
+        // Every rank draws the same full problem and keeps its own shard; all methods get the
+        // same inputs.
+        Problem p = Problem::random(t, m.q, m.k, dt, order, m.eps, 2024 + t);
         for (Method method : sw.methods) {
           const std::string tag = std::to_string(step++);
           if (uses_nccl(method) && nccl == nullptr) {
@@ -126,8 +186,6 @@ int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
             }
             continue;
           }
-          // Every rank draws the same full problem and keeps its own shard.
-          Problem p = Problem::random(t, m.q, m.k, dt, order, m.eps, 2024 + t);
           const int sets = rotation_sets(t, m, dt);
           std::vector<RankData> data;
           for (int i = 0; i < sets; ++i) {
@@ -158,6 +216,16 @@ int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
             j["timed"] = own_gpu;
             total_wrong += wrong;
             print_row(j);
+            if (local && method == Method::kSwiftQK) {
+              const double lus = local_only_us(o, *local, m, world, t, dt, order, s);
+              j["local_us"] = lus;
+              j["rtt_us"] = rtt_us;
+              j["floor_ratio"] = merged.median / (lus + rtt_us);
+              std::printf(
+                  "%-13s floor: local-only %.2f us + round trip %.2f us; SwiftQK / floor "
+                  "= %.2f\n",
+                  "", lus, rtt_us, j["floor_ratio"].get<double>());
+            }
             all.push_back(j);
           }
         }
@@ -165,6 +233,7 @@ int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
     }
   }
   rv.barrier("done");  // no rank unmaps its workspace while a peer may still write into it
+  local.reset();
   comm.reset();
   if (nccl != nullptr) SWIFTQK_NCCL_TRY(ncclCommDestroy(nccl));
   if (rank != 0) return 0;

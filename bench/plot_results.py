@@ -40,7 +40,9 @@ def main():
     axes[0][0].set_ylabel(f"median latency per call (us), {args.mode}")
     axes[0][-1].legend(fontsize=7)
     device = rows[0].get("device", "") if rows else ""
-    fig.suptitle(f"QK-norm latency, {device} (TP > 1: virtual ranks on one GPU)", fontsize=10)
+    gpus = max((r.get("gpus", 1) for r in rows), default=1)
+    how = f"one process per GPU, {gpus} GPUs" if gpus > 1 else "TP > 1: virtual ranks on one GPU"
+    fig.suptitle(f"QK-norm latency, {device} ({how})", fontsize=10)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")

@@ -236,8 +236,6 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.q_inv_full = 1.0f / static_cast<float>(p0.q_full_width);
   a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
   a.eps = p0.eps;
-  a.config_hash =
-      config_hash(p0.q_full_width, p0.k_full_width, world, p0.eps, static_cast<int>(p0.order));
   a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
 
   for (int64_t first = 0; first < p0.tokens; first += cap) {
@@ -245,6 +243,10 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     const GridPlan g = plan_grid(chunk, ranks, shape.tokens_per_block, occ, sm_count(s0.device),
                                  s0.config.sm_budget);
     a.tokens = chunk;
+    // The chunk's token count is hashed too: a peer called with another token count must not
+    // lend its partials to this call's first tokens (every token then times out, naming it).
+    a.config_hash = config_hash(p0.q_full_width, p0.k_full_width, world, p0.eps,
+                                static_cast<int>(p0.order), chunk);
     a.blocks_per_rank = g.blocks_per_rank;
     for (int i = 0; i < ranks; ++i)
       a.r[i] = detail::rank_args_for(comms[i]->state(), params[i], first);

@@ -60,7 +60,8 @@ GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_bloc
   return g;
 }
 
-uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps, int order) {
+uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps, int order,
+                     int64_t tokens) {
   // FNV-1a over the values every rank must agree on.
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](uint64_t v) {
@@ -76,6 +77,7 @@ uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, floa
   mix(static_cast<uint64_t>(world));
   mix(eps_bits);
   mix(static_cast<uint64_t>(order));
+  mix(static_cast<uint64_t>(tokens));
   return static_cast<uint32_t>(h ^ (h >> 32)) | 0x80000000u;
 }
 

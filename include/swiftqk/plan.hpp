@@ -80,7 +80,9 @@ constexpr int bank_for_call(uint32_t call) { return static_cast<int>(call & 1u);
 constexpr uint32_t next_call(uint32_t call) { return (call + 1u) & 0x3fffffffu; }
 
 /// @brief Tag of the k word: the call tag xor a hash of what every rank must agree on (full
-/// widths, world size, eps, order). Its top bit is set, so it never equals 0 or a call tag.
-uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps, int order);
+/// widths, world size, eps, order, and the launch chunk's token count). Its top bit is set, so it
+/// never equals 0 or a call tag.
+uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps, int order,
+                     int64_t tokens);
 
 }  // namespace swiftqk

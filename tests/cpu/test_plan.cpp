@@ -338,19 +338,21 @@ TEST(CallTags, BankAlternatesAndTagsDifferAcrossTheWrap) {
 }
 
 TEST(ConfigHash, TopBitSetDeterministicAndSensitive) {
-  const uint32_t h = config_hash(4096, 1024, 2, 1e-6f, 0);
+  const uint32_t h = config_hash(4096, 1024, 2, 1e-6f, 0, 64);
   EXPECT_EQ(h & 0x80000000u, 0x80000000u);
-  EXPECT_EQ(h, config_hash(4096, 1024, 2, 1e-6f, 0));
-  EXPECT_NE(h, config_hash(4096 + 2, 1024, 2, 1e-6f, 0));
-  EXPECT_NE(h, config_hash(5120, 1024, 2, 1e-6f, 0));
-  EXPECT_NE(h, config_hash(4096, 1024 + 2, 2, 1e-6f, 0));
-  EXPECT_NE(h, config_hash(4096, 512, 2, 1e-6f, 0));
-  EXPECT_NE(h, config_hash(1024, 4096, 2, 1e-6f, 0));  // q and k swapped
-  EXPECT_NE(h, config_hash(4096, 1024, 4, 1e-6f, 0));
-  EXPECT_NE(h, config_hash(4096, 1024, 1, 1e-6f, 0));
-  EXPECT_NE(h, config_hash(4096, 1024, 2, 1e-5f, 0));
-  EXPECT_NE(h, config_hash(4096, 1024, 2, 1.0000001e-6f, 0));
-  EXPECT_NE(h, config_hash(4096, 1024, 2, 1e-6f, 1));
+  EXPECT_EQ(h, config_hash(4096, 1024, 2, 1e-6f, 0, 64));
+  EXPECT_NE(h, config_hash(4096 + 2, 1024, 2, 1e-6f, 0, 64));
+  EXPECT_NE(h, config_hash(5120, 1024, 2, 1e-6f, 0, 64));
+  EXPECT_NE(h, config_hash(4096, 1024 + 2, 2, 1e-6f, 0, 64));
+  EXPECT_NE(h, config_hash(4096, 512, 2, 1e-6f, 0, 64));
+  EXPECT_NE(h, config_hash(1024, 4096, 2, 1e-6f, 0, 64));  // q and k swapped
+  EXPECT_NE(h, config_hash(4096, 1024, 4, 1e-6f, 0, 64));
+  EXPECT_NE(h, config_hash(4096, 1024, 1, 1e-6f, 0, 64));
+  EXPECT_NE(h, config_hash(4096, 1024, 2, 1e-5f, 0, 64));
+  EXPECT_NE(h, config_hash(4096, 1024, 2, 1.0000001e-6f, 0, 64));
+  EXPECT_NE(h, config_hash(4096, 1024, 2, 1e-6f, 1, 64));
+  EXPECT_NE(h, config_hash(4096, 1024, 2, 1e-6f, 0, 63));  // another token count
+  EXPECT_NE(h, config_hash(4096, 1024, 2, 1e-6f, 0, 65));
 
   // Every hash over a grid of configurations has its top bit set; distinct inputs rarely collide.
   std::set<uint32_t> hashes;
@@ -360,9 +362,9 @@ TEST(ConfigHash, TopBitSetDeterministicAndSensitive) {
       for (int world : {1, 2, 4, 8}) {
         for (float eps : {1e-5f, 1e-6f, 1e-8f}) {
           for (int order : {0, 1}) {
-            const uint32_t x = config_hash(q, k, world, eps, order);
+            const uint32_t x = config_hash(q, k, world, eps, order, 64);
             ASSERT_EQ(x >> 31, 1u);
-            ASSERT_EQ(x, config_hash(q, k, world, eps, order));
+            ASSERT_EQ(x, config_hash(q, k, world, eps, order, 64));
             hashes.insert(x);
             ++configs;
           }
@@ -377,7 +379,7 @@ TEST(ConfigHash, KTagIsNeverZeroNorAPlainTag) {
   std::vector<uint32_t> hashes;
   for (int64_t q : {2048, 4096, 5120}) {
     for (int world : {1, 2, 8}) {
-      for (int order : {0, 1}) hashes.push_back(config_hash(q, 1024, world, 1e-6f, order));
+      for (int order : {0, 1}) hashes.push_back(config_hash(q, 1024, world, 1e-6f, order, 64));
     }
   }
   // The claim is structural: every tag is in [1, 2^30] (top bit clear) and every hash has its

@@ -162,8 +162,7 @@ class Model {
   void RankMain(int r) {
     std::mt19937_64 host_rng(k_.seed);  // the same sequence on every rank: they agree on T
     std::mt19937_64 rank_rng(splitmix64(k_.seed * 977 + r));
-    const uint32_t hash =
-        config_hash(4096, 1024, k_.world, r == k_.other_config_rank ? 1e-5f : 1e-6f, 0);
+    const float eps = r == k_.other_config_rank ? 1e-5f : 1e-6f;
     uint32_t call = k_.first_call;
     int64_t done = 0;  // calls of this rank that exchanged something
     bool skipped = false;
@@ -189,7 +188,7 @@ class Model {
       }
 
       const uint32_t tag = tag_for_call(k_.tag_period > 0 ? call % k_.tag_period : call);
-      const uint32_t ktag = tag ^ hash;
+      const uint32_t ktag = tag ^ config_hash(4096, 1024, k_.world, eps, 0, tokens);
       const int bank = k_.two_banks ? bank_for_call(call) : 0;
       const int workers = 1 + static_cast<int>(rank_rng() % k_.max_workers);
       std::vector<std::thread> blocks;

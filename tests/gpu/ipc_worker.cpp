@@ -1,6 +1,7 @@
 // One rank of a group of separate processes sharing GPUs through CUDA IPC. Handles and a final
 // barrier travel through files in a directory. Exit code 0: every checked call was correct.
 //   swiftqk_ipc_worker RANK WORLD DIR [TOKENS] [CALLS] [DEVICE] [DIE_RANK DIE_CALL]
+// DEVICE -1: rank r uses GPU r mod #GPUs (one GPU per rank when there are enough).
 // Fault mode (DIE_RANK >= 0): rank DIE_RANK exits abruptly at call DIE_CALL, as a killed process
 // would; every other rank must then get a clear error within its timeout (exit 0), not hang and
 // not return silently (exit 4).
@@ -26,10 +27,15 @@ int main(int argc, char** argv) {
   const std::string dir = argv[3];
   const int64_t tokens = argc > 4 ? std::stoll(argv[4]) : 64;
   const int calls = argc > 5 ? std::stoi(argv[5]) : 6;
-  const int device = argc > 6 ? std::stoi(argv[6]) : 0;
+  int device = argc > 6 ? std::stoi(argv[6]) : 0;
   const int die_rank = argc > 8 ? std::stoi(argv[7]) : -1;
   const int die_call = argc > 8 ? std::stoi(argv[8]) : -1;
   try {
+    if (device < 0) {
+      int count = 0;
+      SWIFTQK_CUDA_TRY(cudaGetDeviceCount(&count));
+      device = rank % count;
+    }
     SWIFTQK_CUDA_TRY(cudaSetDevice(device));
     CommConfig cfg;
     // Processes sharing one GPU time-slice: a round trip takes milliseconds. In fault mode a

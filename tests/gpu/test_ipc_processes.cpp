@@ -27,17 +27,19 @@ std::string worker_path() {
       .string();
 }
 
-int run_group(int world, int64_t tokens, int calls, int die_rank = -1, int die_call = -1) {
+int run_group(int world, int64_t tokens, int calls, int die_rank = -1, int die_call = -1,
+              int device = 0) {
   const std::string dir = std::filesystem::temp_directory_path() /
                           ("swiftqk_ipc_" + std::to_string(getpid()) + "_" + std::to_string(world));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> args = {
-        worker_path(), std::to_string(r),        std::to_string(world),
-        dir,           std::to_string(tokens),   std::to_string(calls),
-        "0",           std::to_string(die_rank), std::to_string(die_call)};
+    std::vector<std::string> args = {worker_path(),           std::to_string(r),
+                                     std::to_string(world),   dir,
+                                     std::to_string(tokens),  std::to_string(calls),
+                                     std::to_string(device),  std::to_string(die_rank),
+                                     std::to_string(die_call)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -79,6 +81,26 @@ TEST(IpcProcesses, KilledPeerMakesSurvivorsFailInTime) {
 TEST(IpcProcesses, FourRanks) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   EXPECT_EQ(run_group(4, 33, 4), 0);
+}
+
+int gpu_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+// One process per GPU (device -1: rank r on GPU r): the exchange crosses NVLink.
+TEST(IpcProcesses, OneGpuPerRank) {
+  if (gpu_count() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs, this machine has " << gpu_count() << ": multi-GPU test skipped";
+  }
+  EXPECT_EQ(run_group(gpu_count(), 4096, 8, -1, -1, /*device=*/-1), 0);
+}
+
+TEST(IpcProcesses, KilledPeerOnAnotherGpu) {
+  if (gpu_count() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs, this machine has " << gpu_count() << ": multi-GPU test skipped";
+  }
+  EXPECT_EQ(run_group(gpu_count(), 300, 6, /*die_rank=*/1, /*die_call=*/3, /*device=*/-1), 0);
 }
 
 }  // namespace

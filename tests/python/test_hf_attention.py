@@ -53,11 +53,14 @@ def _run(rank, world, port, kind, method, dtype_name, device_kind, results):
     from swiftqk.tp_attention import TPAttention
 
     dtype = getattr(torch, dtype_name)
-    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
-    if device_kind == "cuda":
-        torch.cuda.set_device(0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    # "cuda": every rank on GPU 0 (processes time-slice it); "cuda_per_rank": rank r on GPU r,
+    # with NCCL for the process group, as an engine runs.
+    gpu = rank if device_kind == "cuda_per_rank" else 0
+    device = torch.device("cpu") if device_kind == "cpu" else torch.device("cuda", gpu)
+    if device.type == "cuda":
+        torch.cuda.set_device(gpu)
+    dist.init_process_group("nccl" if device_kind == "cuda_per_rank" else "gloo",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         cfg, attn, rope = _hf_layer(kind, dtype, device)
         torch.manual_seed(1)
@@ -68,7 +71,7 @@ def _run(rank, world, port, kind, method, dtype_name, device_kind, results):
             ref, _ = attn(x, (cos, sin), None)
             comm = None
             if method in ("swiftqk", "minimax_fused"):
-                comm = swiftqk.communicator_from_group(dist.group.WORLD, device=0, timeout_s=30.0)
+                comm = swiftqk.communicator_from_group(dist.group.WORLD, device=gpu, timeout_s=30.0)
             tp = TPAttention(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
                              attn.o_proj.weight, attn.q_norm.weight, attn.k_norm.weight,
                              cfg.num_attention_heads, cfg.num_key_value_heads,

@@ -1,0 +1,252 @@
+// Several GPUs of one host, one rank per GPU: one process driving every GPU (peer access), one
+// thread per GPU over an NCCL group (from_nccl and every NCCL baseline), and a missing peer on
+// another GPU. Skipped, and reported as skipped, on machines with fewer than two GPUs.
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "problem.hpp"
+
+namespace swiftqk::testing {
+namespace {
+
+int gpu_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+#define REQUIRE_GPUS(n)                                                        \
+  if (gpu_count() < (n))                                                       \
+  GTEST_SKIP() << "needs " << (n) << " GPUs, this machine has " << gpu_count() \
+               << ": multi-GPU test skipped"
+
+std::vector<int> first_devices(int n) {
+  std::vector<int> d(n);
+  std::iota(d.begin(), d.end(), 0);
+  return d;
+}
+
+// TP sizes to try with the GPUs present: every power of two from 2 up, and all of them.
+std::vector<int> tp_sizes() {
+  std::vector<int> out;
+  const int n = gpu_count();
+  for (int tp = 2; tp <= n; tp *= 2) out.push_back(tp);
+  if (out.empty() || out.back() != n) out.push_back(n);
+  return out;
+}
+
+struct Streams {
+  explicit Streams(int n) : s(n) {
+    for (int r = 0; r < n; ++r) {
+      SWIFTQK_CUDA_TRY(cudaSetDevice(r));
+      SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking));
+    }
+    SWIFTQK_CUDA_TRY(cudaSetDevice(0));
+  }
+  ~Streams() {
+    for (auto x : s) cudaStreamDestroy(x);
+  }
+  std::vector<cudaStream_t> s;
+};
+
+// Rank r's buffers live on GPU r.
+std::vector<RankData> ranks_on_gpus(const Problem& p, int world, Layout layout) {
+  std::vector<RankData> d;
+  for (int r = 0; r < world; ++r) {
+    SWIFTQK_CUDA_TRY(cudaSetDevice(r));
+    d.push_back(make_rank(p, world, r, layout));
+  }
+  SWIFTQK_CUDA_TRY(cudaSetDevice(0));
+  return d;
+}
+
+// One process, every rank on its own GPU; the launches of one call are issued back to back
+// from this thread and run concurrently on the GPUs.
+TEST(MultiGpu, OneProcessDrivesEveryGpu) {
+  REQUIRE_GPUS(2);
+  struct Shape {
+    int64_t q, k;
+    NormOrder order;
+  };
+  const Shape shapes[] = {{2048, 2048, NormOrder::kLlama},
+                          {5120, 5120, NormOrder::kOlmo2},
+                          {5120, 1024, NormOrder::kOlmo2},
+                          {6144, 1024, NormOrder::kLlama}};
+  for (int tp : tp_sizes()) {
+    auto comms = Communicator::create_local_group(first_devices(tp));
+    Streams st(tp);
+    for (const Shape& sh : shapes) {
+      for (int64_t tokens : {int64_t{1}, int64_t{64}, int64_t{4096}, int64_t{16500}}) {
+        for (Layout layout : {Layout::kSeparate, Layout::kFusedInPlace}) {
+          Problem p =
+              Problem::random(tokens, sh.q, sh.k, DType::kBF16, sh.order, 1e-6f, tokens * 7 + sh.q);
+          auto data = ranks_on_gpus(p, tp, layout);
+          for (int r = 0; r < tp; ++r) {
+            SWIFTQK_CUDA_TRY(cudaSetDevice(r));
+            poison(data[r], st.s[r]);
+            launch_qk_norm(comms[r], data[r].params, st.s[r]);
+          }
+          for (int r = 0; r < tp; ++r) comms[r].synchronize(st.s[r]);
+          SWIFTQK_CUDA_TRY(cudaSetDevice(0));
+          std::vector<RankData*> rp;
+          for (auto& d : data) rp.push_back(&d);
+          const Check c = check_ranks(p, tp, rp);
+          EXPECT_EQ(c.wrong, 0) << "tp " << tp << " q " << sh.q << " k " << sh.k << " tokens "
+                                << tokens << ": " << c.first_error;
+          EXPECT_TRUE(c.rstd_identical) << "tp " << tp << " tokens " << tokens;
+        }
+      }
+    }
+  }
+}
+
+// Per-GPU CUDA graphs replayed many times with fresh inputs: the device counters stay in step.
+TEST(MultiGpu, GraphReplaysOnEveryGpu) {
+  REQUIRE_GPUS(2);
+  const int tp = gpu_count();
+  auto comms = Communicator::create_local_group(first_devices(tp));
+  Streams st(tp);
+  Problem p = Problem::random(200, 5120, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 77);
+  auto data = ranks_on_gpus(p, tp, Layout::kFusedOutOfPlace);
+  std::vector<cudaGraphExec_t> exec(tp);
+  for (int r = 0; r < tp; ++r) {
+    SWIFTQK_CUDA_TRY(cudaSetDevice(r));
+    cudaGraph_t g;
+    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(st.s[r], cudaStreamCaptureModeThreadLocal));
+    launch_qk_norm(comms[r], data[r].params, st.s[r]);
+    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(st.s[r], &g));
+    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&exec[r], g, 0));
+    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+  }
+  for (int round = 0; round < 10; ++round) {
+    p.refill(900 + round);
+    for (int r = 0; r < tp; ++r) {
+      SWIFTQK_CUDA_TRY(cudaSetDevice(r));
+      upload_inputs(p, tp, r, data[r], st.s[r]);
+      poison(data[r], st.s[r]);
+      for (int i = 0; i < 50; ++i) SWIFTQK_CUDA_TRY(cudaGraphLaunch(exec[r], st.s[r]));
+    }
+    for (int r = 0; r < tp; ++r) comms[r].synchronize(st.s[r]);
+    SWIFTQK_CUDA_TRY(cudaSetDevice(0));
+    std::vector<RankData*> rp;
+    for (auto& d : data) rp.push_back(&d);
+    EXPECT_EQ(check_ranks(p, tp, rp).wrong, 0) << "round " << round;
+  }
+  for (auto e : exec) SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(e));
+}
+
+// One thread per GPU, as an engine with one worker per GPU would run: an NCCL group, the
+// communicator from it, and every method (the NCCL baselines too) checked against float64.
+TEST(MultiGpu, NcclGroupRunsEveryMethod) {
+  REQUIRE_GPUS(2);
+  const int world = gpu_count();
+  ncclUniqueId id;
+  SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      ncclComm_t nccl = nullptr;
+      cudaStream_t s = nullptr;
+      try {
+        SWIFTQK_CUDA_TRY(cudaSetDevice(r));
+        SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        SWIFTQK_NCCL_TRY(ncclCommInitRank(&nccl, world, id, r));
+        Communicator comm = Communicator::from_nccl(nccl, CommConfig{}, s);
+        if (comm.rank() != r || comm.world_size() != world) errors[r] += "wrong rank/world; ";
+        if (!comm.probe_peers(s)) errors[r] += "P2P write test failed; ";
+        for (Method m : {Method::kSwiftQK, Method::kMiniMaxFused, Method::kAllGather,
+                         Method::kCommOverlap, Method::kMiniMaxEager}) {
+          for (NormOrder o : {NormOrder::kOlmo2, NormOrder::kLlama}) {
+            for (int64_t tokens : {int64_t{1}, int64_t{300}, int64_t{5000}}) {
+              Problem p = Problem::random(tokens, 5120, 1024, DType::kBF16, o, 1e-6f, tokens + 5);
+              RankData d = make_rank(p, world, r, Layout::kFusedOutOfPlace);
+              d.params.method = m;
+              poison(d, s);
+              launch_qk_norm(comm, d.params, s);
+              comm.synchronize(s);
+              const Check c = check_rank(p, world, r, d);
+              if (c.wrong != 0) {
+                errors[r] += to_string(m) + " " + to_string(o) + " tokens " +
+                             std::to_string(tokens) + ": " + c.first_error + "; ";
+              }
+            }
+          }
+        }
+      } catch (const std::exception& e) {
+        errors[r] += e.what();
+      }
+      if (nccl != nullptr) ncclCommDestroy(nccl);
+      if (s != nullptr) cudaStreamDestroy(s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// A peer on another GPU that never calls: rank 0 fails within the timeout naming it, writes
+// nothing, and after reset the group works again.
+TEST(MultiGpu, MissingPeerOnAnotherGpuTimesOut) {
+  REQUIRE_GPUS(2);
+  CommConfig cfg;
+  cfg.timeout_s = 0.2;
+  auto comms = Communicator::create_local_group({0, 1}, cfg);
+  Streams st(2);
+  Problem p = Problem::random(64, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 15);
+  auto data = ranks_on_gpus(p, 2, Layout::kSeparate);
+  poison(data[0], st.s[0]);
+  const auto start = std::chrono::steady_clock::now();
+  launch_qk_norm(comms[0], data[0].params, st.s[0]);
+  try {
+    comms[0].synchronize(st.s[0]);
+    FAIL() << "a call whose peer never came returned without an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("waiting for rank 1"), std::string::npos) << e.what();
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(secs, 5.0) << "the timeout of 0.2 s took " << secs << " s to surface";
+  EXPECT_TRUE(outputs_untouched(p, 2, data[0]));
+  for (auto& c : comms) c.reset();
+  for (int r = 0; r < 2; ++r) {
+    SWIFTQK_CUDA_TRY(cudaSetDevice(r));
+    launch_qk_norm(comms[r], data[r].params, st.s[r]);
+  }
+  for (int r = 0; r < 2; ++r) comms[r].synchronize(st.s[r]);
+  SWIFTQK_CUDA_TRY(cudaSetDevice(0));
+  EXPECT_EQ(check_ranks(p, 2, {&data[0], &data[1]}).wrong, 0);
+}
+
+// A peer on another GPU called with another token count: the token count is part of every
+// k tag, so both ranks time out with a clear error and neither writes output (without it, the
+// rank with fewer tokens would take the other's first partials and return a wrong answer).
+TEST(MultiGpu, PeerWithOtherTokenCountIsAnError) {
+  REQUIRE_GPUS(2);
+  CommConfig cfg;
+  cfg.timeout_s = 0.2;
+  auto comms = Communicator::create_local_group({0, 1}, cfg);
+  Streams st(2);
+  Problem a = Problem::random(96, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 16);
+  Problem b = Problem::random(32, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 17);
+  SWIFTQK_CUDA_TRY(cudaSetDevice(0));
+  RankData r0 = make_rank(a, 2, 0, Layout::kSeparate);
+  poison(r0, st.s[0]);
+  launch_qk_norm(comms[0], r0.params, st.s[0]);
+  SWIFTQK_CUDA_TRY(cudaSetDevice(1));
+  RankData r1 = make_rank(b, 2, 1, Layout::kSeparate);
+  poison(r1, st.s[1]);
+  launch_qk_norm(comms[1], r1.params, st.s[1]);
+  SWIFTQK_CUDA_TRY(cudaSetDevice(0));
+  EXPECT_THROW(comms[0].synchronize(st.s[0]), Error);
+  EXPECT_THROW(comms[1].synchronize(st.s[1]), Error);
+  EXPECT_TRUE(outputs_untouched(a, 2, r0));
+  EXPECT_TRUE(outputs_untouched(b, 2, r1));
+}
+
+}  // namespace
+}  // namespace swiftqk::testing

@@ -1,7 +1,10 @@
 // Communicator creation (local group, IPC two-phase, NCCL), the P2P write test and error checks.
 #include <nccl.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <random>
 #include <sstream>
 #include <string>
 
@@ -20,11 +23,10 @@ DeviceGuard::DeviceGuard(int device) {
 }
 DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
 
+// cudaFree needs no current device (the pointer names its own); the caller's current device
+// must survive the destruction of a group spanning several GPUs.
 DeviceAllocations::~DeviceAllocations() {
-  for (auto& [dev, p] : blocks) {
-    cudaSetDevice(dev);
-    cudaFree(p);  // destructor: nothing to report to
-  }
+  for (auto& block : blocks) cudaFree(block.second);  // destructor: nothing to report to
 }
 
 void* DeviceAllocations::allocate(int device, std::size_t bytes) {
@@ -108,6 +110,11 @@ void CommState::upload_peers() {
 }
 
 void CommState::begin_launch(cudaStream_t stream) {
+  // Under capture nothing runs yet, and querying an event would invalidate a capture in global
+  // mode (PyTorch's default): the in-flight check applies to eager launches only.
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  SWIFTQK_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
+  if (cs != cudaStreamCaptureStatusNone) return;
   if (has_last && stream != last_stream) {
     const cudaError_t q = cudaEventQuery(last_done);
     if (q == cudaErrorNotReady) {
@@ -242,6 +249,36 @@ bool Communicator::probe_peers(cudaStream_t stream) {
   return ok == 1;
 }
 
+namespace {
+// Lets GPU `from` map GPU `to`'s memory (ranks of one process on distinct GPUs).
+void enable_peer_access(int from, int to, const char* who) {
+  int can = 0;
+  SWIFTQK_CUDA_TRY(cudaDeviceCanAccessPeer(&can, from, to));
+  SWIFTQK_EXPECTS(can, std::string(who) + ": GPU " + std::to_string(from) + " cannot access GPU " +
+                           std::to_string(to) +
+                           " (no P2P); use one process per GPU with the NCCL fallback");
+  DeviceGuard guard(from);
+  const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();
+  } else {
+    SWIFTQK_CUDA_TRY(e);
+  }
+}
+
+// Identifies this process in handles: CUDA IPC cannot open memory of the calling process, so a
+// peer in the same process (one thread per GPU, e.g. from_nccl in threads) is reached through
+// its plain device address instead.
+uint64_t process_nonce() {
+  static const uint64_t nonce = [] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ (static_cast<uint64_t>(getpid()) << 16) ^
+           static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  }();
+  return nonce;
+}
+}  // namespace
+
 std::vector<Communicator> Communicator::create_local_group(const std::vector<int>& devices,
                                                            const CommConfig& config) {
   const int world = static_cast<int>(devices.size());
@@ -257,18 +294,7 @@ std::vector<Communicator> Communicator::create_local_group(const std::vector<int
   for (int a : devices) {
     for (int b : devices) {
       if (a == b) continue;
-      int can = 0;
-      SWIFTQK_CUDA_TRY(cudaDeviceCanAccessPeer(&can, a, b));
-      SWIFTQK_EXPECTS(can, "create_local_group: GPU " + std::to_string(a) + " cannot access GPU " +
-                               std::to_string(b) +
-                               " (no P2P); use one process per GPU with the NCCL fallback");
-      DeviceGuard guard(a);
-      const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
-      if (e == cudaErrorPeerAccessAlreadyEnabled) {
-        (void)cudaGetLastError();
-      } else {
-        SWIFTQK_CUDA_TRY(e);
-      }
+      enable_peer_access(a, b, "create_local_group");
     }
   }
   auto allocations = std::make_shared<detail::DeviceAllocations>();
@@ -298,7 +324,7 @@ std::vector<Communicator> Communicator::create_local_group(const std::vector<int
 
 namespace {
 constexpr uint32_t kHandleMagic = 0x5157534bu;  // "KSWQ"
-constexpr uint32_t kHandleVersion = 1;
+constexpr uint32_t kHandleVersion = 2;
 
 struct HandleBlob {
   uint32_t magic;
@@ -307,6 +333,10 @@ struct HandleBlob {
   int32_t world;
   int64_t capacity;
   uint64_t workspace_bytes;
+  uint64_t process;  // process_nonce() of the creating process
+  uint64_t address;  // the workspace's device address there
+  int32_t device;    // and its GPU there
+  int32_t reserved;
   cudaIpcMemHandle_t handle;
 };
 }  // namespace
@@ -331,6 +361,9 @@ std::vector<uint8_t> IpcBootstrap::local_handle() const {
   b.world = state_->world;
   b.capacity = state_->config.token_capacity;
   b.workspace_bytes = workspace_bytes(state_->world, state_->config.token_capacity);
+  b.process = process_nonce();
+  b.address = reinterpret_cast<uint64_t>(state_->local_ws);
+  b.device = state_->device;
   DeviceGuard guard(state_->device);
   SWIFTQK_CUDA_TRY(cudaIpcGetMemHandle(&b.handle, state_->local_ws));
   std::vector<uint8_t> bytes(sizeof b);
@@ -362,6 +395,11 @@ Communicator IpcBootstrap::connect(const std::vector<std::vector<uint8_t>>& hand
                         std::to_string(s.config.token_capacity));
     if (r == s.rank) {
       s.peers[r] = s.local_ws;
+      continue;
+    }
+    if (b.process == process_nonce()) {  // a rank of this process: no IPC mapping needed
+      if (b.device != s.device) enable_peer_access(s.device, b.device, "IpcBootstrap::connect");
+      s.peers[r] = reinterpret_cast<uint8_t*>(b.address);
       continue;
     }
     void* p = nullptr;

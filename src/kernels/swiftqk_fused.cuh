@@ -225,6 +225,13 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
   // iteration earlier keeps the persistent grid deadlock-free (docs/design.md). Alone (TP 1),
   // or with a single iteration, nothing is gained by deferring: a token is written at once and
   // the freed stage lets the loads run one token further ahead.
+  const int64_t iterations = first < T ? (T - first + step - 1) / step : 0;
+  const bool defer = !kLamport && a.world > 1 && iterations > 1;  // block-uniform
+  const int ahead = defer ? kStages - 2 : kStages - 1;
+  // The first rows' loads go out before the weights are fetched, so the two DRAM round trips
+  // overlap (at a few tokens the kernel is one such latency chain).
+  for (int s = 0; s < ahead; ++s) issue(first + g + s * step, s);
+
   // Every token uses the same weight slice: it is read from global memory once per block, into
   // shared memory after the stages (re-reading it per token doubled the L2 traffic).
   using OutVec = Vec<Tout, VEC>;
@@ -236,11 +243,6 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
     }
     __syncthreads();
   }
-
-  const int64_t iterations = first < T ? (T - first + step - 1) / step : 0;
-  const bool defer = !kLamport && a.world > 1 && iterations > 1;  // block-uniform
-  const int ahead = defer ? kStages - 2 : kStages - 1;
-  for (int s = 0; s < ahead; ++s) issue(first + g + s * step, s);
 
   for (int64_t it = 0; it < iterations + (defer ? 1 : 0); ++it) {
     const int64_t t = first + it * step + g;  // the token reduced and published

@@ -108,6 +108,50 @@ TEST(GraphReplay, Tp8Olmo2) {
   replay_test(8, NormOrder::kOlmo2, 60);
 }
 
+// As PyTorch does it: an eager warm-up on one stream, then capture on another stream in global
+// mode. The launch must not query the previous stream's event during capture (that would
+// invalidate a global-mode capture).
+TEST(GraphReplay, CaptureOnAnotherStreamInGlobalMode) {
+  REQUIRE_GPU();
+  for (Method method : {Method::kSwiftQK, Method::kMiniMaxFused}) {
+    auto comms = Communicator::create_local_group({0, 0});
+    std::vector<Communicator*> cp{&comms[0], &comms[1]};
+    Problem p = Problem::random(64, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 31);
+    std::vector<RankData> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.push_back(make_rank(p, 2, r, Layout::kSeparate));
+      ranks.back().params.method = method;
+    }
+    std::vector<QkNormParams> pp{ranks[0].params, ranks[1].params};
+    cudaStream_t warm, cap;
+    SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&warm, cudaStreamNonBlocking));
+    SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+    launch_qk_norm_group(cp, pp, warm);  // eager, left in flight on purpose
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal));
+    launch_qk_norm_group(cp, pp, cap);
+    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(cap, &g));
+    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+    SWIFTQK_CUDA_TRY(cudaStreamSynchronize(warm));
+    for (int i = 0; i < 5; ++i) {
+      p.refill(60 + i);
+      for (int r = 0; r < 2; ++r) {
+        upload_inputs(p, 2, r, ranks[r], cap);
+        poison(ranks[r], cap);
+      }
+      SWIFTQK_CUDA_TRY(cudaGraphLaunch(ge, cap));
+      for (auto& c : comms) c.synchronize(cap);
+      EXPECT_EQ(check_ranks(p, 2, {&ranks[0], &ranks[1]}).wrong, 0)
+          << to_string(method) << " replay " << i;
+    }
+    SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
+    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+    SWIFTQK_CUDA_TRY(cudaStreamDestroy(warm));
+    SWIFTQK_CUDA_TRY(cudaStreamDestroy(cap));
+  }
+}
+
 }  // namespace
 }  // namespace swiftqk::testing
 

@@ -75,7 +75,7 @@ TEST(IpcProcesses, TwoRanks) {
 // with a clear error within their timeout; nothing hangs.
 TEST(IpcProcesses, KilledPeerMakesSurvivorsFailInTime) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
-  EXPECT_EQ(run_group(3, 40, 6, /*die_rank=*/1, /*die_call=*/2), 0);
+  EXPECT_EQ(run_group(4, 40, 6, /*die_rank=*/2, /*die_call=*/2), 0);
 }
 
 TEST(IpcProcesses, FourRanks) {

@@ -105,6 +105,24 @@ TEST(MultiGpu, OneProcessDrivesEveryGpu) {
   }
 }
 
+// Creating and destroying a group that spans GPUs leaves the caller's current device alone.
+TEST(MultiGpu, GroupsKeepTheCurrentDevice) {
+  REQUIRE_GPUS(2);
+  for (int current : {0, 1}) {
+    SWIFTQK_CUDA_TRY(cudaSetDevice(current));
+    {
+      auto comms = Communicator::create_local_group({1, 0});
+      int now = -1;
+      SWIFTQK_CUDA_TRY(cudaGetDevice(&now));
+      EXPECT_EQ(now, current) << "after creating a group";
+    }
+    int now = -1;
+    SWIFTQK_CUDA_TRY(cudaGetDevice(&now));
+    EXPECT_EQ(now, current) << "after destroying a group";
+  }
+  SWIFTQK_CUDA_TRY(cudaSetDevice(0));
+}
+
 // Per-GPU CUDA graphs replayed many times with fresh inputs: the device counters stay in step.
 TEST(MultiGpu, GraphReplaysOnEveryGpu) {
   REQUIRE_GPUS(2);

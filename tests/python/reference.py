@@ -10,14 +10,20 @@ def rms_norm_fp64(x, w, eps):
     return w64 * x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps)
 
 
+# 4 x the smallest normal number of the output type (reference.cpp's absolute_floor): below it
+# the rounding error is absolute (half the subnormal spacing), not relative.
+ABSOLUTE_FLOOR = {torch.bfloat16: 4 * 2.0**-126, torch.float16: 4 * 2.0**-14,
+                  torch.float32: 4 * 2.0**-126}
+
+
 def count_wrong(got, gold, order):
-    """Elements outside |got - gold| <= rel * max(|gold|, tiny): rel is 1.25 u + 1e-5 for the
-    Olmo2 order (one rounding) and 2.25 u + 1e-5 for Llama (two)."""
+    """Elements outside |got - gold| <= rel * max(|gold|, floor): rel is 1.25 u + 1e-5 for the
+    Olmo2 order (one rounding) and 2.25 u + 1e-5 for Llama (two); floor as in reference.cpp."""
     u = UNIT_ROUNDOFF[got.dtype]
     rel = (1.25 if order == "olmo2" else 2.25) * u + 1e-5
     g = got.double().cpu()
     ref = gold.double().cpu()
-    bound = rel * ref.abs().clamp_min(1e-30)
+    bound = rel * ref.abs().clamp_min(ABSOLUTE_FLOOR[got.dtype])
     bad = ((g - ref).abs() > bound) | ~torch.isfinite(g)
     return int(bad.sum())
 
@@ -34,3 +40,15 @@ def random_rows(tokens, width, dtype, seed, device="cpu"):
 def random_weight(width, dtype, seed, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
     return (torch.rand(width, generator=gen) * 1.75 + 0.25).to(dtype).to(device)
+
+
+def init_method():
+    """A rendezvous for torch.distributed that cannot collide with a parallel test (a free TCP
+    port can be taken by another process between choosing it and listening on it)."""
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="swiftqk_pg_")
+    os.close(fd)
+    os.unlink(path)  # the file store creates it
+    return "file://" + path

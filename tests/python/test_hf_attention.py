@@ -4,7 +4,6 @@ random weights (nothing downloaded). On CPU: the torch methods over gloo process
 the fused methods too, with ranks as processes sharing the GPU through CUDA IPC."""
 
 import os
-import socket
 import sys
 
 import pytest
@@ -13,14 +12,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import swiftqk_or_skip
+from reference import init_method
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed here")
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _hf_layer(kind, dtype, device):
@@ -47,7 +42,7 @@ def _hf_layer(kind, dtype, device):
     return cfg, attn.to(dtype=dtype, device=device).eval(), rope.to(device)
 
 
-def _run(rank, world, port, kind, method, dtype_name, device_kind, results):
+def _run(rank, world, rendezvous, kind, method, dtype_name, device_kind, results):
     sys.path.insert(0, os.path.dirname(__file__))
     import swiftqk
     from swiftqk.tp_attention import TPAttention
@@ -60,7 +55,7 @@ def _run(rank, world, port, kind, method, dtype_name, device_kind, results):
     if device.type == "cuda":
         torch.cuda.set_device(gpu)
     dist.init_process_group("nccl" if device_kind == "cuda_per_rank" else "gloo",
-                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+                            init_method=rendezvous, rank=rank, world_size=world)
     try:
         cfg, attn, rope = _hf_layer(kind, dtype, device)
         torch.manual_seed(1)
@@ -90,7 +85,7 @@ def _run(rank, world, port, kind, method, dtype_name, device_kind, results):
 def _check(world, kind, method, dtype_name, device_kind):
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_run, args=(world, _free_port(), kind, method, dtype_name, device_kind, results),
+    mp.spawn(_run, args=(world, init_method(), kind, method, dtype_name, device_kind, results),
              nprocs=world)
     bad = {r: v for r, v in results.items() if isinstance(v, str)}
     assert not bad and len(results) == world, bad

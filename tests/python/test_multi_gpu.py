@@ -3,7 +3,6 @@ float64, and the TP attention block against Hugging Face's. Needs two or more GP
 (and reported as skipped) elsewhere."""
 
 import os
-import socket
 import sys
 
 import pytest
@@ -12,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import swiftqk_or_skip
-from reference import count_wrong, random_rows, random_weight, rms_norm_fp64
+from reference import count_wrong, random_rows, random_weight, rms_norm_fp64, init_method
 
 METHODS = ["swiftqk", "minimax_fused", "all_gather", "minimax_eager"]
 
@@ -30,18 +29,13 @@ def world():
     return n
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-def _rank(rank, world, port, results):
+def _rank(rank, world, rendezvous, results):
     sys.path.insert(0, os.path.dirname(__file__))
     import swiftqk
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("nccl", init_method=rendezvous, rank=rank,
                             world_size=world, device_id=torch.device("cuda", rank))
     try:
         comm = swiftqk.communicator_from_group(dist.group.WORLD, device=rank)
@@ -75,7 +69,7 @@ def _rank(rank, world, port, results):
 def test_every_method_one_gpu_per_rank(world):
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_rank, args=(world, _free_port(), results), nprocs=world)
+    mp.spawn(_rank, args=(world, init_method(), results), nprocs=world)
     assert dict(results) == {r: {} for r in range(world)}
 
 

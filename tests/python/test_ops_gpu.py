@@ -3,7 +3,6 @@ inside torch.compile, with bad input, and with ranks as processes sharing one GP
 gloo for the bootstrap)."""
 
 import os
-import socket
 import sys
 
 import pytest
@@ -12,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import cuda_or_skip, swiftqk_or_skip
-from reference import count_wrong, random_rows, random_weight, rms_norm_fp64
+from reference import count_wrong, random_rows, random_weight, rms_norm_fp64, init_method
 
 
 @pytest.fixture
@@ -115,18 +114,13 @@ def test_bad_input_is_a_clear_error(sq):
         sq.qk_norm(q, q.clone(), w, w, comm, 64, 64, -1.0)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-def _ipc_rank(rank, world, port, method, results):
+def _ipc_rank(rank, world, rendezvous, method, results):
     sys.path.insert(0, os.path.dirname(__file__))
     import swiftqk
 
     torch.cuda.set_device(0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank,
                             world_size=world)
     try:
         comm = swiftqk.communicator_from_group(dist.group.WORLD, device=0, timeout_s=30.0)
@@ -151,5 +145,5 @@ def _ipc_rank(rank, world, port, method, results):
 def test_processes_sharing_one_gpu(sq, world, method):
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_ipc_rank, args=(world, _free_port(), method, results), nprocs=world)
+    mp.spawn(_ipc_rank, args=(world, init_method(), method, results), nprocs=world)
     assert dict(results) == {r: 0 for r in range(world)}

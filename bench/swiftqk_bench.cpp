@@ -43,14 +43,16 @@ double swiftqk::bench::copy_gbps(const Options& o, cudaStream_t s) {
 
 namespace {
 
-json run_method(const Options& o, Method method, const Model& m, int tp, int64_t tokens, DType dt,
-                NormOrder order, double copy_bw, cudaStream_t s) {
+json run_method(const Options& o, Method method, const Model& m, int tp, Problem& p, double copy_bw,
+                cudaStream_t s) {
+  const int64_t tokens = p.tokens;
+  const DType dt = p.in;
+  const NormOrder order = p.order;
   CommConfig cfg;
   cfg.token_capacity = std::max<int64_t>(16384, tokens);
   auto comms = Communicator::create_local_group(std::vector<int>(tp, 0), cfg);
   std::vector<Communicator*> cp;
   for (auto& c : comms) cp.push_back(&c);
-  Problem p = Problem::random(tokens, m.q, m.k, dt, order, m.eps, 2024 + tokens);
   const int sets = rotation_sets(tokens, m, dt);
   std::vector<std::vector<RankData>> data(sets);
   for (auto& ranks : data) {
@@ -132,10 +134,12 @@ int run_single_process(const Sweep& sw, const std::vector<std::string>& tps) {
   for (const Model& m : sw.models) {
     for (DType dt : sw.dtypes) {
       const NormOrder order = sw.order_for(m);
-      for (const auto& tps_one : tps) {
-        const int tp = std::stoi(tps_one);
-        if (m.q % tp != 0 || m.k % tp != 0) continue;
-        for (int64_t t : sw.tokens) {
+      for (int64_t t : sw.tokens) {
+        // One problem per shape and token count: every TP and method gets the same inputs.
+        Problem p = Problem::random(t, m.q, m.k, dt, order, m.eps, 2024 + t);
+        for (const auto& tps_one : tps) {
+          const int tp = std::stoi(tps_one);
+          if (m.q % tp != 0 || m.k % tp != 0) continue;
           for (Method method : sw.methods) {
             if (uses_nccl(method) && tp > 1) {
               // One process here: NCCL refuses several ranks on one GPU.
@@ -145,7 +149,7 @@ int run_single_process(const Sweep& sw, const std::vector<std::string>& tps) {
                   to_string(method).c_str(), m.name.c_str(), tp, (long long)t);
               continue;
             }
-            json j = run_method(o, method, m, tp, t, dt, order, copy_bw, s);
+            json j = run_method(o, method, m, tp, p, copy_bw, s);
             total_wrong += j["wrong"].get<int64_t>();
             print_row(j);
             all.push_back(j);

@@ -43,6 +43,23 @@ wait_ext() {
   has_ext
 }
 
+run_pytest() {  # the CPU-only cases ran in CI already; here what needs the GPU
+  if ! wait_ext; then
+    summary+=("python extension did not build: see build_py.log")
+    return
+  fi
+  local n=$(( $(nproc) / 2 )); [ "$n" -gt 8 ] && n=8
+  timeout "${1:-400}" python3 -m pytest -q -n "$n" -k "not on_cpu" tests/python \
+    >"$OUT/pytest.log" 2>&1
+  summary+=("pytest: $(tail -1 "$OUT/pytest.log")")
+  if grep -q "crashed while running" "$OUT/pytest.log"; then  # a native backtrace of the crash
+    local t
+    t=$(grep -o "crashed while running '[^']*'" "$OUT/pytest.log" | head -1 | cut -d"'" -f2)
+    timeout 120 cuda-gdb -batch -ex run -ex bt --args python3 -m pytest -p no:xdist -q "$t" \
+      >"$OUT/crash_bt.log" 2>&1
+  fi
+}
+
 if [ "$phase" != measure ]; then
   timeout 420 build/tests/swiftqk_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
   summary+=("gpu gtests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/gpu_tests.log" | tr '\n' ' ')")
@@ -55,54 +72,45 @@ if [ "$phase" != measure ]; then
       >"$OUT/ratios_procs.md" 2>&1
     summary+=("$(tail -3 "$OUT/ratios_procs.md")")
   fi
-  if wait_ext; then
-    n=$(( $(nproc) / 2 )); [ "$n" -gt 8 ] && n=8
-    # The CPU-only cases ran in CI already; here what needs the GPU.
-    timeout 400 python3 -m pytest -q -n "$n" -k "not on_cpu" tests/python >"$OUT/pytest.log" 2>&1
-    summary+=("pytest: $(tail -1 "$OUT/pytest.log")")
-    if grep -q "crashed while running" "$OUT/pytest.log"; then  # a native backtrace of the crash
-      t=$(grep -o "crashed while running '[^']*'" "$OUT/pytest.log" | head -1 | cut -d"'" -f2)
-      timeout 120 cuda-gdb -batch -ex run -ex bt --args python3 -m pytest -p no:xdist -q "$t" \
-        >"$OUT/crash_bt.log" 2>&1
-    fi
-    if [ "$ngpu" -gt 1 ]; then
-      timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" bench/e2e_decode.py \
-        --model olmo2-13b --layers 8 --batch 1,32,256 --context 512,4096 --iters 30 \
-        --methods swiftqk,minimax_fused,all_gather,minimax_eager \
-        --json "$OUT/e2e_tp$ngpu.json" >"$OUT/e2e_tp$ngpu.log" 2>&1
-      summary+=("e2e tp $ngpu: $(tail -1 "$OUT/e2e_tp$ngpu.log")")
-    fi
-  else
-    summary+=("python extension did not build: see build_py.log")
+  run_pytest
+  if [ "$ngpu" -gt 1 ] && has_ext; then
+    timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" bench/e2e_decode.py \
+      --model olmo2-13b --layers 8 --batch 1,32,256 --context 512,4096 --iters 30 \
+      --methods swiftqk,minimax_fused,all_gather,minimax_eager \
+      --json "$OUT/e2e_tp$ngpu.json" >"$OUT/e2e_tp$ngpu.log" 2>&1
+    summary+=("e2e tp $ngpu: $(tail -1 "$OUT/e2e_tp$ngpu.log")")
   fi
 fi
 
 if [ "$phase" != verify ]; then
-  build/bench/swiftqk_bench --methods swiftqk,minimax_fused --tokens 1,64,4096,16384 --tp 1,2,4,8 \
-    --iters 60 --commit "$commit" --json "$OUT/bench_methods.json" >"$OUT/bench_methods.log" 2>&1
+  timeout 220 build/bench/swiftqk_bench --methods swiftqk,minimax_fused --tokens 1,64,4096,16384 \
+    --tp 1,2,4,8 --iters 40 --commit "$commit" --json "$OUT/bench_methods.json" \
+    >"$OUT/bench_methods.log" 2>&1
   summary+=("bench methods: $(tail -1 "$OUT/bench_methods.log")")
   python3 bench/ratio_table.py "$OUT/bench_methods.json" --against minimax_fused \
     --target minimax_fused=0.0 >"$OUT/ratios_virtual.md" 2>&1
   summary+=("$(tail -1 "$OUT/ratios_virtual.md")")
-  build/bench/swiftqk_bench --dtype bf16,fp8 --methods swiftqk,minimax_fused,all_gather --tp 1 \
-    --tokens 4096 --iters 20 --commit "$commit" --json "$OUT/bench_precision.json" \
+  timeout 90 build/bench/swiftqk_bench --dtype bf16,fp8 --methods swiftqk,minimax_fused,all_gather \
+    --tp 1 --tokens 4096 --iters 20 --commit "$commit" --json "$OUT/bench_precision.json" \
     >"$OUT/bench_precision.log" 2>&1
   summary+=("bench precision: $(tail -1 "$OUT/bench_precision.log")")
   python3 bench/precision_table.py "$OUT/bench_precision.json" >"$OUT/precision.md" 2>&1
   summary+=("precision: $(tail -1 "$OUT/precision.md")")
-  python3 bench/torch_rms_norm.py --iters 100 --json "$OUT/torch.json" \
+  timeout 90 python3 bench/torch_rms_norm.py --iters 100 --json "$OUT/torch.json" \
     --swiftqk-json "$OUT/bench_methods.json" >"$OUT/torch.log" 2>&1
   summary+=("torch: $(tail -1 "$OUT/torch.log")")
-  if wait_ext; then
-    timeout 240 python3 bench/e2e_decode.py --model olmo2-13b --layers 8 --batch 1,32,256 \
-      --context 512,4096 --iters 30 --json "$OUT/e2e_tp1.json" >"$OUT/e2e_tp1.log" 2>&1
+  [ "$phase" = measure ] && run_pytest 170
+  if has_ext; then
+    timeout 80 python3 bench/e2e_decode.py --model olmo2-13b --layers 8 --batch 1,32,256 \
+      --context 512,4096 --iters 20 --methods swiftqk,plain --json "$OUT/e2e_tp1.json" \
+      >"$OUT/e2e_tp1.log" 2>&1
     summary+=("e2e tp 1: $(tail -1 "$OUT/e2e_tp1.log")")
   fi
   # compute-sanitizer on a subset that covers every kernel (the full suite is too slow there).
-  filter='Design/ModelShapes.*t333_q5120_k1024*:GraphReplay.Tp2Llama:MiniMaxFused.*'
-  filter+=':Faults.MissingPeerTimesOutNamingIt:NcclGroupOfOne.*:Concurrency.*'
-  for tool in memcheck racecheck synccheck; do
-    timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+  filter='Design/ModelShapes.*tp2_t333_q5120_k1024*:GraphReplay.Tp2Llama'
+  filter+=':Faults.MissingPeerTimesOutNamingIt:NcclGroupOfOne.FromNcclRunsEveryMethod'
+  for tool in ${SANITIZERS:-memcheck}; do
+    timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       build/tests/swiftqk_gpu_tests --gtest_brief=1 --gtest_filter="$filter" \
       >"$OUT/sanitizer_$tool.log" 2>&1
     summary+=("compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/sanitizer_$tool.log" | tr '\n' ' '))")
@@ -111,5 +119,8 @@ fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 # SWIFTQK_ARCHIVE=1 (device calls return at most 8 files): everything but the extension and the
 # summary into one archive.
-[ "${SWIFTQK_ARCHIVE:-0}" = 1 ] && (cd "$OUT" && tar czf results.tgz --exclude='_C*.so' --exclude=results.tgz . && \
-  find . -maxdepth 1 -type f ! -name results.tgz ! -name '_C*.so' ! -name summary.txt -delete)
+if [ "${SWIFTQK_ARCHIVE:-0}" = 1 ]; then
+  (cd "$OUT" && tar czf /tmp/swiftqk_results.tgz --exclude='_C*.so' . && \
+    find . -maxdepth 1 -type f ! -name '_C*.so' ! -name summary.txt -delete && \
+    mv /tmp/swiftqk_results.tgz results.tgz)
+fi

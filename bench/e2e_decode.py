@@ -39,6 +39,9 @@ MODELS = {  # hidden, heads, kv heads, head_dim, MLP width, eps, norm order, lay
 }
 
 
+_KV_CACHES = {}
+
+
 class Layer(torch.nn.Module):
     def __init__(self, cfg, method, comm, group, rank, world, batch, ctx, dtype, device):
         super().__init__()
@@ -62,10 +65,14 @@ class Layer(torch.nn.Module):
         i = inter // world
         self.w_up = g(2 * i, hidden)
         self.w_down = g(hidden, i)
-        # KV cache of `ctx` positions per sequence (decode attends over all of them).
-        h = self.attn.hkv
-        self.k_cache = torch.randn(batch, h, ctx, hd, dtype=dtype, device=device)
-        self.v_cache = torch.randn(batch, h, ctx, hd, dtype=dtype, device=device)
+        # KV cache of `ctx` positions per sequence (decode attends over all of them). One cache
+        # is shared by all layers: each layer still reads a whole cache (far beyond L2, so no
+        # layer is flattered), and batch 256 x 4096 positions fits on one GPU at TP 1.
+        key = (batch, self.attn.hkv, ctx, hd, dtype, device)
+        if key not in _KV_CACHES:
+            _KV_CACHES[key] = (torch.randn(*key[:4], dtype=dtype, device=device),
+                               torch.randn(*key[:4], dtype=dtype, device=device))
+        self.k_cache, self.v_cache = _KV_CACHES[key]
 
     def forward(self, x, cos, sin):
         b = x.shape[0]
@@ -102,6 +109,9 @@ def run(args, method, batch, ctx, rank, world, group, comm, device):
     cfg = MODELS[args.model]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
+    _KV_CACHES.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     layers = [Layer(cfg, method, comm, group, rank, world, batch, ctx, dtype, device)
               for _ in range(args.layers or cfg[7])]
     x = torch.randn(batch, cfg[0], dtype=dtype, device=device)

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Draws TPOT against batch size, one panel per (model, TP, context), one line per QK-norm
+method, from the JSON that e2e_decode.py writes (like the paper's Fig. 2(c)), and prints each
+method's TPOT relative to SwiftQK's.
+
+    python3 bench/plot_e2e.py bench/results/E2E.json [...] --out e2e.png
+"""
+import argparse
+import json
+from collections import defaultdict
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("json", nargs="+")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for f in args.json for r in json.load(open(f))]
+    panels = sorted({(r["model"], r["tp"], r["context"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    for ax, (model, tp, ctx) in zip(axes[0], panels):
+        lines = defaultdict(list)
+        for r in rows:
+            if (r["model"], r["tp"], r["context"]) == (model, tp, ctx):
+                lines[r["method"]].append((r["batch"], r["tpot_ms"]))
+        for method, pts in sorted(lines.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{model}, TP {tp}, context {ctx}", fontsize=9)
+        ax.set_xlabel("batch")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("TPOT (ms), median of graph replays")
+    axes[0][-1].legend(fontsize=7)
+    layers = rows[0].get("layers", "?") if rows else "?"
+    fig.suptitle(f"Decode step with layerwise QK-norm ({layers} layers, random weights)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+    swift = {(r["model"], r["tp"], r["context"], r["batch"]): r["tpot_ms"]
+             for r in rows if r["method"] == "swiftqk"}
+    print("| model | TP | context | batch | method | TPOT ms | SwiftQK's TPOT lower by |")
+    print("|---|---:|---:|---:|---|---:|---:|")
+    for r in sorted(rows, key=lambda r: (r["model"], r["tp"], r["context"], r["batch"], r["method"])):
+        key = (r["model"], r["tp"], r["context"], r["batch"])
+        if r["method"] == "swiftqk" or key not in swift:
+            continue
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {r['method']} | {r['tpot_ms']:.3f} | "
+              f"{100 * (1 - swift[key] / r['tpot_ms']):.1f}% |")
+
+
+if __name__ == "__main__":
+    main()

@@ -234,6 +234,10 @@ inline int finish(const Sweep& sw, const json& all, int64_t total_wrong) {
 /// Device copy bandwidth (bytes read + written) of a plain SM copy of 1 GiB.
 double copy_gbps(const Options& o, cudaStream_t s);
 
+/// Soak: `calls` graph-replayed calls of the first model at TP `tp` (virtual ranks), cycling the
+/// token counts, checked periodically, latency drift reported. Returns the exit code.
+int run_soak(const Sweep& sweep, int tp, int64_t calls);
+
 /// One process per rank (TP = world): rank `rank` of a run whose processes share `dir`. Rank 0
 /// prints the table and writes the JSON. Returns the process exit code.
 int run_rank(const Sweep& sweep, int rank, int world, const std::string& dir);

@@ -199,6 +199,7 @@ int main(int argc, char** argv) {
   std::string shapes, tokens_s = "1,16,64,256,1024,4096,16384", tps = "1,2,4,8";
   std::string dtypes = "bf16", methods = "swiftqk", rendezvous;
   int procs = 0, rank = -1, world = 0;
+  int64_t soak = 0;
   app.add_option("--models", models, "model shapes by name (comma separated)");
   app.add_option("--shapes", shapes, "extra custom shapes Q:K[,Q:K...]");
   app.add_option("--tokens", tokens_s, "token counts");
@@ -206,6 +207,9 @@ int main(int argc, char** argv) {
   app.add_option("--procs", procs,
                  "one process per rank, TP = procs, rank r on GPU r mod #GPUs (NCCL and all "
                  "methods when there are enough GPUs; else CUDA IPC, checks only)");
+  app.add_option("--soak", soak,
+                 "soak: this many graph-replayed calls of the first model at the first --tp, "
+                 "token counts cycling, checked every 50000 calls; reports latency drift");
   app.add_option("--dtype", dtypes, "input dtypes: bf16,f16,f32,fp8");
   app.add_option("--methods", methods,
                  "methods: swiftqk,minimax_fused,all_gather,comm_overlap,minimax_eager (NCCL ones "
@@ -252,6 +256,7 @@ int main(int argc, char** argv) {
   try {
     if (rank >= 0) return run_rank(sw, rank, world, rendezvous);
     if (procs > 1) return spawn_ranks(argc, argv, procs);
+    if (soak > 0) return run_soak(sw, std::stoi(split(tps).at(0)), soak);
     return run_single_process(sw, split(tps));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "swiftqk_bench: %s\n", e.what());

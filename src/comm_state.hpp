@@ -42,6 +42,7 @@ struct CommState {
 
   // NCCL baselines (src/nccl_baselines.cu).
   ncclComm_t nccl = nullptr;  // from from_nccl; not owned: it must outlive this communicator
+  bool p2p = true;            // false: fused-kernel launches take the NCCL all-reduce path instead
   void* scratch = nullptr;    // grown outside capture; [send | recv | full rows | ones | stats]
   std::size_t scratch_bytes = 0;
   int64_t ones_elems = 0;  // leading elements of the ones weight, in ones_dtype

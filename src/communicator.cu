@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -189,6 +191,7 @@ Communicator::~Communicator() = default;
 
 int Communicator::rank() const { return state_->rank; }
 int Communicator::world_size() const { return state_->world; }
+bool Communicator::p2p() const { return state_->p2p; }
 int Communicator::device() const { return state_->device; }
 const CommConfig& Communicator::config() const { return state_->config; }
 detail::CommState& Communicator::state() { return *state_; }
@@ -411,6 +414,15 @@ Communicator IpcBootstrap::connect(const std::vector<std::vector<uint8_t>>& hand
   return Communicator(std::move(state_));
 }
 
+Communicator IpcBootstrap::without_peers() {
+  SWIFTQK_EXPECTS(state_ != nullptr, "IpcBootstrap: already connected");
+  CommState& s = *state_;
+  s.peers.assign(s.world, nullptr);
+  s.peers[s.rank] = s.local_ws;
+  s.upload_peers();
+  return Communicator(std::move(state_));
+}
+
 // ---- NCCL bootstrap ----
 
 Communicator Communicator::from_nccl(ncclComm_t nccl, const CommConfig& config,
@@ -435,18 +447,48 @@ Communicator Communicator::from_nccl(ncclComm_t nccl, const CommConfig& config,
   SWIFTQK_CUDA_TRY(cudaFree(d_buf));
   std::vector<std::vector<uint8_t>> handles(world);
   for (int r = 0; r < world; ++r) handles[r].assign(all.begin() + r * n, all.begin() + (r + 1) * n);
-  Communicator comm = boot.connect(handles);
-  comm.state().nccl = nccl;
-  // Every rank has opened its peers before any rank writes into them.
+
+  // Every rank learns whether every rank could map its peers, then whether every write arrived:
+  // the group takes the fused kernel only if all of them can.
   int* d_flag = nullptr;
   SWIFTQK_CUDA_TRY(cudaMalloc(&d_flag, sizeof(int)));
-  SWIFTQK_CUDA_TRY(cudaMemsetAsync(d_flag, 0, sizeof(int), stream));
-  SWIFTQK_NCCL_TRY(ncclAllReduce(d_flag, d_flag, 1, ncclInt32, ncclSum, nccl, stream));
-  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
+  auto all_agree = [&](bool mine) {
+    const int v = mine ? 1 : 0;
+    int agreed = 0;
+    SWIFTQK_CUDA_TRY(cudaMemcpyAsync(d_flag, &v, sizeof(int), cudaMemcpyHostToDevice, stream));
+    SWIFTQK_NCCL_TRY(ncclAllReduce(d_flag, d_flag, 1, ncclInt32, ncclMin, nccl, stream));
+    SWIFTQK_CUDA_TRY(cudaMemcpyAsync(&agreed, d_flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
+    SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
+    return agreed == 1;
+  };
+  std::string reason;
+  std::optional<Communicator> opened;
+  if (config.use_p2p) {
+    try {
+      opened.emplace(boot.connect(handles));
+    } catch (const Error& e) {  // e.g. no P2P between these GPUs, or IPC not permitted
+      reason = std::string("its peers could not be mapped (") + e.what() + ")";
+    }
+  } else {
+    reason = "CommConfig::use_p2p is false";
+  }
+  bool p2p = all_agree(opened.has_value());  // also the barrier: all peers mapped before writes
+  if (p2p) {
+    const bool arrived = opened->probe_peers(stream);
+    if (!arrived) reason = "the P2P write test timed out: peer writes did not arrive";
+    p2p = all_agree(arrived);
+  }
   SWIFTQK_CUDA_TRY(cudaFree(d_flag));
-  SWIFTQK_EXPECTS(comm.probe_peers(stream),
-                  "from_nccl: the P2P write test failed: peer writes did not arrive within "
-                  "timeout_s, so the fused kernel cannot run on this group");
+  if (!p2p && reason.empty()) reason = "another rank could not reach its peers";
+  Communicator comm = opened ? std::move(*opened) : boot.without_peers();
+  comm.state().nccl = nccl;
+  comm.state().p2p = p2p;
+  if (!p2p) {
+    std::fprintf(stderr,
+                 "swiftqk: rank %d of %d: %s; the fused kernel cannot run on this group, so "
+                 "launches exchange their partial sums through NCCL (one all-reduce)\n",
+                 rank, world, reason.c_str());
+  }
   return comm;
 }
 

@@ -186,13 +186,17 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const detail::CommState& s0 = comms[0]->state();
   const int ranks = static_cast<int>(comms.size());
   if (p0.tokens == 0) return;  // nothing to exchange; the call counter stays put on every rank
-  if (uses_nccl(p0.method)) {
+  // A group without working P2P (from_nccl) exchanges the fused methods' partials through NCCL.
+  const bool nccl_fallback = !s0.p2p && !uses_nccl(p0.method);
+  if (uses_nccl(p0.method) || nccl_fallback) {
     SWIFTQK_EXPECTS(comms.size() == 1, "launch: method " + to_string(p0.method) +
                                            " runs one rank per launch (NCCL needs one GPU per "
                                            "rank); use launch_qk_norm");
+    QkNormParams p = p0;
+    if (nccl_fallback) p.method = Method::kMiniMaxEager;
     std::unique_lock<std::mutex> lock(comms[0]->state().launch_mutex);
     comms[0]->state().begin_launch(stream);
-    detail::launch_nccl_baseline(*comms[0], p0, stream);
+    detail::launch_nccl_baseline(*comms[0], p, stream);
     comms[0]->state().end_launch(stream);
     return;
   }

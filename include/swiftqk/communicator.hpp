@@ -21,6 +21,9 @@ struct CommConfig {
   bool chunk_oversize = true;      ///< false: a launch of more than token_capacity tokens fails
   double timeout_s = 5.0;          ///< a device-side wait longer than this fails the call
   int sm_budget = 0;               ///< SMs the persistent kernel may fill; 0 = all of them
+  /// from_nccl only: false keeps the exchange on NCCL (the all-reduce path) even where P2P works
+  /// (for A/B runs and debugging); every rank must give the same value.
+  bool use_p2p = true;
 };
 
 /// @brief What a failed device-side wait recorded (copied from host-mapped memory, no sync).
@@ -56,11 +59,17 @@ class Communicator {
 
   /// @brief Creates rank `rank` of the group spanned by an initialised NCCL communicator (one
   /// GPU per rank, one process or thread per rank). Collective: every rank must call it. The
-  /// IPC handles travel through ncclAllGather on `stream`.
+  /// IPC handles travel through ncclAllGather on `stream`; then the P2P write test runs. If any
+  /// rank cannot map or reach its peers, every rank gets a communicator with p2p() false that
+  /// exchanges through NCCL instead, and says so once on stderr.
   static Communicator from_nccl(ncclComm_t nccl, const CommConfig& config, cudaStream_t stream);
 
   int rank() const;
   int world_size() const;
+  /// @brief False when the fused kernel cannot run on this group (from_nccl found no working
+  /// P2P, or CommConfig::use_p2p was false): launches of kSwiftQK and kMiniMaxFused then take
+  /// the NCCL all-reduce path (kMiniMaxEager's scheme: [T, 2] fp32 partials, one all-reduce).
+  bool p2p() const;
   int device() const;
   const CommConfig& config() const;
 
@@ -105,6 +114,9 @@ class IpcBootstrap {
   Communicator connect(const std::vector<std::vector<uint8_t>>& handles);
 
  private:
+  friend class Communicator;
+  /// This rank alone, no peer mapped (from_nccl's NCCL-only fallback).
+  Communicator without_peers();
   std::unique_ptr<detail::CommState> state_;
 };
 

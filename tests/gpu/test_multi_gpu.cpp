@@ -160,8 +160,7 @@ TEST(MultiGpu, GraphReplaysOnEveryGpu) {
 
 // One thread per GPU, as an engine with one worker per GPU would run: an NCCL group, the
 // communicator from it, and every method (the NCCL baselines too) checked against float64.
-TEST(MultiGpu, NcclGroupRunsEveryMethod) {
-  REQUIRE_GPUS(2);
+void nccl_group_runs_every_method(bool use_p2p) {
   const int world = gpu_count();
   ncclUniqueId id;
   SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
@@ -175,9 +174,12 @@ TEST(MultiGpu, NcclGroupRunsEveryMethod) {
         SWIFTQK_CUDA_TRY(cudaSetDevice(r));
         SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         SWIFTQK_NCCL_TRY(ncclCommInitRank(&nccl, world, id, r));
-        Communicator comm = Communicator::from_nccl(nccl, CommConfig{}, s);
+        CommConfig cfg;
+        cfg.use_p2p = use_p2p;
+        Communicator comm = Communicator::from_nccl(nccl, cfg, s);
         if (comm.rank() != r || comm.world_size() != world) errors[r] += "wrong rank/world; ";
-        if (!comm.probe_peers(s)) errors[r] += "P2P write test failed; ";
+        if (comm.p2p() != use_p2p) errors[r] += "p2p() is not what was asked; ";
+        if (use_p2p && !comm.probe_peers(s)) errors[r] += "P2P write test failed; ";
         for (Method m : {Method::kSwiftQK, Method::kMiniMaxFused, Method::kAllGather,
                          Method::kCommOverlap, Method::kMiniMaxEager}) {
           for (NormOrder o : {NormOrder::kOlmo2, NormOrder::kLlama}) {
@@ -204,7 +206,18 @@ TEST(MultiGpu, NcclGroupRunsEveryMethod) {
     });
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << " p2p " << use_p2p;
+}
+
+TEST(MultiGpu, NcclGroupRunsEveryMethod) {
+  REQUIRE_GPUS(2);
+  nccl_group_runs_every_method(true);
+}
+
+// The group without P2P: the fused methods go through NCCL and stay correct.
+TEST(MultiGpu, NcclGroupWithoutP2PRunsEveryMethod) {
+  REQUIRE_GPUS(2);
+  nccl_group_runs_every_method(false);
 }
 
 // A peer on another GPU that never calls: rank 0 fails within the timeout naming it, writes

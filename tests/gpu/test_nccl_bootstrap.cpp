@@ -47,6 +47,36 @@ TEST_F(NcclGroupOfOne, FromNcclRunsEveryMethod) {
   }
 }
 
+// Without P2P (forced here through CommConfig::use_p2p, the same path a failed write test
+// takes) the fused methods still give correct results, through NCCL, eager and from a graph.
+TEST_F(NcclGroupOfOne, WithoutP2PFusedMethodsUseTheNcclPath) {
+  CommConfig cfg;
+  cfg.use_p2p = false;
+  Communicator comm = Communicator::from_nccl(nccl_, cfg, stream_);
+  EXPECT_FALSE(comm.p2p());
+  for (Method m : {Method::kSwiftQK, Method::kMiniMaxFused}) {
+    Problem p = Problem::random(77, 5120, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 12);
+    RankData d = make_rank(p, 1, 0, Layout::kFusedInPlace);
+    d.params.method = m;
+    launch_qk_norm(comm, d.params, stream_);
+    comm.synchronize(stream_);
+    EXPECT_EQ(check_ranks(p, 1, {&d}).wrong, 0) << to_string(m) << " eager";
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    launch_qk_norm(comm, d.params, stream_);
+    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(stream_, &g));
+    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+    p.refill(13);
+    upload_inputs(p, 1, 0, d, stream_);
+    SWIFTQK_CUDA_TRY(cudaGraphLaunch(ge, stream_));
+    comm.synchronize(stream_);
+    EXPECT_EQ(check_ranks(p, 1, {&d}).wrong, 0) << to_string(m) << " graph";
+    SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
+    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+  }
+}
+
 TEST_F(NcclGroupOfOne, BaselinesReplayFromGraphsAfterAnEagerWarmUp) {
   Communicator comm = Communicator::from_nccl(nccl_, CommConfig{}, stream_);
   for (Method m : {Method::kAllGather, Method::kCommOverlap, Method::kMiniMaxEager}) {

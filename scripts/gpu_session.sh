@@ -63,22 +63,35 @@ run_pytest() {  # the CPU-only cases ran in CI already; here what needs the GPU
 if [ "$phase" != measure ]; then
   timeout 420 build/tests/swiftqk_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
   summary+=("gpu gtests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/gpu_tests.log" | tr '\n' ' ')")
-  if [ "$ngpu" -gt 1 ]; then
-    build/bench/swiftqk_bench --procs "$ngpu" --iters 60 --commit "$commit" \
+  # One process per GPU at every TP the machine allows (TPS="2 4" to choose).
+  tps=${TPS:-}; if [ -z "$tps" ]; then t=2; while [ "$t" -le "$ngpu" ]; do tps+="$t "; t=$((t * 2)); done; fi
+  for tp in $tps; do
+    timeout 400 build/bench/swiftqk_bench --procs "$tp" --iters 60 --commit "$commit" \
       --methods swiftqk,minimax_fused,all_gather,comm_overlap,minimax_eager \
-      --json "$OUT/bench_procs.json" >"$OUT/bench_procs.log" 2>&1
-    summary+=("bench procs $ngpu: $(tail -1 "$OUT/bench_procs.log")")
-    python3 bench/ratio_table.py "$OUT/bench_procs.json" --target all_gather=0.85,minimax_fused=0.30 \
-      >"$OUT/ratios_procs.md" 2>&1
-    summary+=("$(tail -3 "$OUT/ratios_procs.md")")
-  fi
+      --json "$OUT/bench_procs_tp$tp.json" >"$OUT/bench_procs_tp$tp.log" 2>&1
+    summary+=("bench procs $tp: $(tail -1 "$OUT/bench_procs_tp$tp.log")")
+    python3 bench/ratio_table.py "$OUT/bench_procs_tp$tp.json" \
+      --target all_gather=0.85,minimax_fused=0.30 >"$OUT/ratios_procs_tp$tp.md" 2>&1
+    summary+=("$(tail -3 "$OUT/ratios_procs_tp$tp.md")")
+    # The precision study across GPUs: bf16 comes with the sweep above; fp8-e4m3 inputs here.
+    timeout 120 build/bench/swiftqk_bench --procs "$tp" --dtype fp8 --tokens 64,4096 --iters 20 \
+      --methods swiftqk,minimax_fused,all_gather,minimax_eager --commit "$commit" \
+      --json "$OUT/bench_procs_fp8_tp$tp.json" >"$OUT/bench_procs_fp8_tp$tp.log" 2>&1
+    python3 bench/precision_table.py "$OUT/bench_procs_tp$tp.json" \
+      "$OUT/bench_procs_fp8_tp$tp.json" >"$OUT/precision_procs_tp$tp.md" 2>&1
+    summary+=("precision tp $tp: $(tail -1 "$OUT/precision_procs_tp$tp.md")")
+  done
   run_pytest
-  if [ "$ngpu" -gt 1 ] && has_ext; then
-    timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" bench/e2e_decode.py \
-      --model olmo2-13b --layers 8 --batch 1,32,256 --context 512,4096 --iters 30 \
-      --methods swiftqk,minimax_fused,all_gather,minimax_eager \
-      --json "$OUT/e2e_tp$ngpu.json" >"$OUT/e2e_tp$ngpu.log" 2>&1
-    summary+=("e2e tp $ngpu: $(tail -1 "$OUT/e2e_tp$ngpu.log")")
+  if [ -n "$tps" ] && has_ext; then
+    for tp in $tps; do
+      for model in ${E2E_MODELS:-olmo2-13b olmo3-32b olmoe}; do
+        timeout 300 python3 -m torch.distributed.run --nproc-per-node "$tp" bench/e2e_decode.py \
+          --model "$model" --layers 8 --batch 1,32,256 --context 512,4096 --iters 30 \
+          --methods swiftqk,minimax_fused,all_gather,minimax_eager \
+          --json "$OUT/e2e_tp${tp}_$model.json" >"$OUT/e2e_tp${tp}_$model.log" 2>&1
+        summary+=("e2e tp $tp $model: $(tail -1 "$OUT/e2e_tp${tp}_$model.log")")
+      done
+    done
   fi
 fi
 
@@ -104,10 +117,12 @@ if [ "$phase" != verify ]; then
   summary+=("soak: $(head -1 "$OUT/soak.log"); $(tail -1 "$OUT/soak.log")")
   [ "$phase" = measure ] && run_pytest 170
   if has_ext; then
-    timeout 80 python3 bench/e2e_decode.py --model olmo2-13b --layers 8 --batch 1,32,256 \
-      --context 512,4096 --iters 20 --methods swiftqk,plain --json "$OUT/e2e_tp1.json" \
-      >"$OUT/e2e_tp1.log" 2>&1
-    summary+=("e2e tp 1: $(tail -1 "$OUT/e2e_tp1.log")")
+    for model in ${E2E_MODELS:-olmo2-13b olmo3-32b olmoe}; do
+      timeout 80 python3 bench/e2e_decode.py --model "$model" --layers 8 --batch 1,32,256 \
+        --context 512,4096 --iters 20 --methods swiftqk,plain --json "$OUT/e2e_tp1_$model.json" \
+        >"$OUT/e2e_tp1_$model.log" 2>&1
+      summary+=("e2e tp 1 $model: $(tail -1 "$OUT/e2e_tp1_$model.log")")
+    done
   fi
   # compute-sanitizer on a subset that covers every kernel (the full suite is too slow there).
   # API errors are not reported: every CUDA call of ours is checked and would throw, and NCCL

@@ -62,6 +62,8 @@ struct Knobs {
   int skip_rank = -1;          // this rank advances its counter an extra time ...
   int skip_at = -1;            // ... before its first call with tokens at or after skip_at
   int other_config_rank = -1;  // this rank hashes another eps into its k tags
+  int other_tokens_rank = -1;  // this rank is called with one token fewer (or more) each time
+  bool hash_tokens = true;     // false: the token count left out of the k-tag hash (as before)
   int slow_rank = -1;          // this rank sleeps slow_us ...
   int slow_us = 0;
   bool slow_before_publish = false;  // ... before publishing a token (else before reading)
@@ -168,11 +170,12 @@ class Model {
     bool skipped = false;
     for (int i = 0; i < k_.calls && !abort_.load(); ++i) {
       const uint64_t draw = host_rng();
-      const int64_t tokens =
+      int64_t tokens =
           k_.fixed_tokens >= 0
               ? k_.fixed_tokens
               : (draw % 8 == 0 ? 0 : 1 + static_cast<int64_t>((draw >> 8) % k_.capacity));
       if (tokens == 0) continue;  // the host returns early: no launch, no counter advance
+      if (r == k_.other_tokens_rank) tokens = tokens > 1 ? tokens - 1 : tokens + 1;
       if (r == k_.skip_rank && i >= k_.skip_at && !skipped) {
         call = next_call(call);  // a rank that missed a launch the others made
         skipped = true;
@@ -188,7 +191,8 @@ class Model {
       }
 
       const uint32_t tag = tag_for_call(k_.tag_period > 0 ? call % k_.tag_period : call);
-      const uint32_t ktag = tag ^ config_hash(4096, 1024, k_.world, eps, 0, tokens);
+      const uint32_t ktag =
+          tag ^ config_hash(4096, 1024, k_.world, eps, 0, k_.hash_tokens ? tokens : 0);
       const int bank = k_.two_banks ? bank_for_call(call) : 0;
       const int workers = 1 + static_cast<int>(rank_rng() % k_.max_workers);
       std::vector<std::thread> blocks;
@@ -503,6 +507,32 @@ TEST(ProtocolModelNegative, RankWithAnotherConfigIsDetected) {
   const Outcome o = RunBroken(k);
   EXPECT_GT(o.timeouts, 0);
   EXPECT_EQ(o.exchanges, 0);
+}
+
+TEST(ProtocolModelNegative, RankWithAnotherTokenCountIsDetected) {
+  // The token count is part of the k-tag hash: no slot of a call with another token count is
+  // ever accepted, so no rank sums partials of a different call's data.
+  Knobs k;
+  k.world = 2;
+  k.calls = 20;
+  k.fixed_tokens = 6;
+  k.other_tokens_rank = 1;
+  const Outcome o = RunBroken(k);
+  EXPECT_GT(o.timeouts, 0);
+  EXPECT_EQ(o.exchanges, 0);
+}
+
+TEST(ProtocolModelNegative, WithoutTheTokenCountInTheHashMismatchedCallsExchange) {
+  // Control: leave the token count out of the hash and the rank with fewer tokens accepts the
+  // other's first partials (on the GPU those belong to different data: a silent wrong answer).
+  Knobs k;
+  k.world = 2;
+  k.calls = 20;
+  k.fixed_tokens = 6;
+  k.other_tokens_rank = 1;
+  k.hash_tokens = false;
+  const Outcome o = RunBroken(k);
+  EXPECT_GT(o.exchanges, 0);
 }
 
 }  // namespace

@@ -66,12 +66,9 @@ Stats time_it(const Options& o, cudaStream_t s, Body body) {
   SWIFTQK_CUDA_TRY(cudaEventCreate(&b));
   std::vector<double> us;
   if (o.mode == "graph") {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < o.launches_per_graph; ++i) body(i);
-    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(s, &g));
-    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+    cudaGraphExec_t ge = testing::capture_graph(s, [&] {
+      for (int i = 0; i < o.launches_per_graph; ++i) body(i);
+    });
     for (int i = 0; i < o.warmup; ++i) SWIFTQK_CUDA_TRY(cudaGraphLaunch(ge, s));
     for (int i = 0; i < o.iters; ++i) {
       SWIFTQK_CUDA_TRY(cudaEventRecord(a, s));
@@ -83,7 +80,6 @@ Stats time_it(const Options& o, cudaStream_t s, Body body) {
       us.push_back(ms * 1000.0 / o.launches_per_graph);
     }
     SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
-    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
   } else {
     for (int i = 0; i < o.warmup; ++i) body(i);
     for (int i = 0; i < o.iters; ++i) {

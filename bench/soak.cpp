@@ -38,12 +38,9 @@ int run_soak(const Sweep& sw, int tp, int64_t calls) {
       data[i].push_back(testing::make_rank(problems[i], tp, r, testing::Layout::kSeparate));
       pp.push_back(data[i].back().params);
     }
-    cudaGraph_t g;
-    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int j = 0; j < per_graph; ++j) launch_qk_norm_group(cp, pp, s);
-    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(s, &g));
-    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&graphs[i], g, 0));
-    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+    graphs[i] = testing::capture_graph(s, [&] {
+      for (int j = 0; j < per_graph; ++j) launch_qk_norm_group(cp, pp, s);
+    });
   }
   cudaEvent_t a, b;
   SWIFTQK_CUDA_TRY(cudaEventCreate(&a));

@@ -66,11 +66,15 @@ struct CommState {
   void allocate_local();
   /// Uploads `peers` to the device table.
   void upload_peers();
-  /// Checks and records the stream of a new launch (throws on a second call in flight).
-  void begin_launch(cudaStream_t stream);
-  void end_launch(cudaStream_t stream);
+  /// Checks and records the stream of a new launch (throws on a second call in flight);
+  /// `capturing`: the stream is being captured into a graph (stream_capturing).
+  void begin_launch(cudaStream_t stream, bool capturing);
+  void end_launch(cudaStream_t stream, bool capturing);
   RankArgs rank_args() const;
 };
+
+/// True while `stream` is being captured into a CUDA graph.
+bool stream_capturing(cudaStream_t stream);
 
 /// The kernel arguments of rank s for params p, starting at token first_token (launch.cu).
 RankArgs rank_args_for(const CommState& s, const QkNormParams& p, int64_t first_token);

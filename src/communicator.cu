@@ -111,12 +111,16 @@ void CommState::upload_peers() {
       cudaMemcpy(d_peers, peers.data(), sizeof(uint8_t*) * world, cudaMemcpyHostToDevice));
 }
 
-void CommState::begin_launch(cudaStream_t stream) {
-  // Under capture nothing runs yet, and querying an event would invalidate a capture in global
-  // mode (PyTorch's default): the in-flight check applies to eager launches only.
+bool stream_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   SWIFTQK_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
-  if (cs != cudaStreamCaptureStatusNone) return;
+  return cs != cudaStreamCaptureStatusNone;
+}
+
+void CommState::begin_launch(cudaStream_t stream, bool capturing) {
+  // Under capture nothing runs yet, and querying an event would invalidate a capture in global
+  // mode (PyTorch's default): the in-flight check applies to eager launches only.
+  if (capturing) return;
   if (has_last && stream != last_stream) {
     const cudaError_t q = cudaEventQuery(last_done);
     if (q == cudaErrorNotReady) {
@@ -128,12 +132,10 @@ void CommState::begin_launch(cudaStream_t stream) {
   }
 }
 
-void CommState::end_launch(cudaStream_t stream) {
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  SWIFTQK_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
-  if (cs == cudaStreamCaptureStatusNone) SWIFTQK_CUDA_TRY(cudaEventRecord(last_done, stream));
+void CommState::end_launch(cudaStream_t stream, bool capturing) {
+  if (!capturing) SWIFTQK_CUDA_TRY(cudaEventRecord(last_done, stream));
   last_stream = stream;
-  has_last = cs == cudaStreamCaptureStatusNone;
+  has_last = !capturing;
 }
 
 RankArgs CommState::rank_args() const {

@@ -195,9 +195,10 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     QkNormParams p = p0;
     if (nccl_fallback) p.method = Method::kMiniMaxEager;
     std::unique_lock<std::mutex> lock(comms[0]->state().launch_mutex);
-    comms[0]->state().begin_launch(stream);
+    const bool capturing = detail::stream_capturing(stream);
+    comms[0]->state().begin_launch(stream, capturing);
     detail::launch_nccl_baseline(*comms[0], p, stream);
-    comms[0]->state().end_launch(stream);
+    comms[0]->state().end_launch(stream, capturing);
     return;
   }
 
@@ -223,10 +224,11 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
           : 0;
   const int occ = max_blocks_per_sm(fn, shape.block_threads(), smem, s0.device);
 
+  const bool capturing = detail::stream_capturing(stream);
   std::vector<std::unique_lock<std::mutex>> locks;
   for (Communicator* c : comms) {
     locks.emplace_back(c->state().launch_mutex);
-    c->state().begin_launch(stream);
+    c->state().begin_launch(stream, capturing);
   }
 
   LaunchArgs a{};
@@ -257,7 +259,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     fn<<<g.grid(), shape.block_threads(), smem, stream>>>(a);
     SWIFTQK_CUDA_TRY(cudaGetLastError());
   }
-  for (Communicator* c : comms) c->state().end_launch(stream);
+  for (Communicator* c : comms) c->state().end_launch(stream, capturing);
 }
 
 }  // namespace

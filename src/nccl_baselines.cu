@@ -77,12 +77,6 @@ void interleave(const uint8_t* gathered, uint8_t* full, int world, int64_t T, in
   SWIFTQK_CUDA_TRY(cudaGetLastError());
 }
 
-bool capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  SWIFTQK_CUDA_TRY(cudaStreamIsCapturing(s, &cs));
-  return cs != cudaStreamCaptureStatusNone;
-}
-
 std::size_t align256(std::size_t b) { return (b + 255) / 256 * 256; }
 
 // Scratch of one chunk of `cap` tokens: where each piece lives.
@@ -126,7 +120,7 @@ Scratch ensure_scratch(CommState& st, int64_t cap, int64_t wq, int64_t wk, DType
   const int64_t ones = (wq + wk) * st.world;
   const bool fits = need.bytes <= st.scratch_bytes && st.ones_elems >= ones && st.ones_dtype == out;
   if (!fits) {
-    SWIFTQK_EXPECTS(!capturing(s),
+    SWIFTQK_EXPECTS(!stream_capturing(s),
                     "method " + std::string("all_gather/comm_overlap/minimax_eager") +
                         ": its scratch must be sized by an eager call of the same or larger shape "
                         "before CUDA-graph capture");

@@ -52,12 +52,7 @@ int main(int argc, char** argv) {
     // Every process draws the same full problem from the seed and keeps its own shard.
     Problem p = Problem::random(tokens, 5120, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 42);
     RankData d = make_rank(p, world, rank, Layout::kFusedOutOfPlace);
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    launch_qk_norm(comm, d.params, s);
-    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(s, &g));
-    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+    cudaGraphExec_t ge = capture_graph(s, [&] { launch_qk_norm(comm, d.params, s); });
     int wrong_calls = 0;
     for (int call = 0; call < calls; ++call) {
       if (call == die_call && rank == die_rank) _exit(0);  // no cleanup: a killed process
@@ -93,7 +88,6 @@ int main(int argc, char** argv) {
     }
     rv.barrier("done");  // no rank unmaps while a peer may still write
     SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
-    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
     std::printf("rank %d/%d: %d calls, %d wrong\n", rank, world, calls, wrong_calls);
     return wrong_calls == 0 ? 0 : 1;
   } catch (const std::exception& e) {

@@ -47,35 +47,12 @@ TEST(Faults, MissingPeerTimesOutNamingIt) {
   EXPECT_EQ(check_ranks(p, 2, {&r0, &r1}).wrong, 0);
 }
 
-TEST(Faults, PeerWithOtherWidthsIsDetected) {
-  REQUIRE_GPU();
+// Ranks 0 and 1 called with problems a and b that disagree, each on its own stream: both calls
+// fail, and neither rank writes output.
+void expect_mismatch_detected(const Problem& a, const Problem& b) {
   CommConfig cfg;
   cfg.timeout_s = 0.2;
   auto comms = Communicator::create_local_group({0, 0}, cfg);
-  Problem a = Problem::random(16, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 6);
-  Problem b = Problem::random(16, 4096, 2048, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 7);
-  RankData r0 = make_rank(a, 2, 0, Layout::kSeparate);
-  RankData r1 = make_rank(b, 2, 1, Layout::kSeparate);
-  cudaStream_t s0, s1;
-  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
-  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-  launch_qk_norm(comms[0], r0.params, s0);
-  launch_qk_norm(comms[1], r1.params, s1);
-  EXPECT_THROW(comms[0].synchronize(s0), Error);
-  EXPECT_THROW(comms[1].synchronize(s1), Error);
-  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s0));
-  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
-}
-
-// The chunk's token count is hashed into the k tags: ranks called with 40 and 24 tokens both
-// fail, and neither writes output (the rank with 24 must not take the other's first partials).
-TEST(Faults, PeerWithOtherTokenCountIsDetected) {
-  REQUIRE_GPU();
-  CommConfig cfg;
-  cfg.timeout_s = 0.2;
-  auto comms = Communicator::create_local_group({0, 0}, cfg);
-  Problem a = Problem::random(40, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 10);
-  Problem b = Problem::random(24, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 11);
   RankData r0 = make_rank(a, 2, 0, Layout::kSeparate);
   RankData r1 = make_rank(b, 2, 1, Layout::kSeparate);
   poison(r0, nullptr);
@@ -92,6 +69,22 @@ TEST(Faults, PeerWithOtherTokenCountIsDetected) {
   EXPECT_TRUE(outputs_untouched(b, 2, r1));
   SWIFTQK_CUDA_TRY(cudaStreamDestroy(s0));
   SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
+}
+
+TEST(Faults, PeerWithOtherWidthsIsDetected) {
+  REQUIRE_GPU();
+  expect_mismatch_detected(
+      Problem::random(16, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 6),
+      Problem::random(16, 4096, 2048, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 7));
+}
+
+// The chunk's token count is hashed into the k tags: ranks called with 40 and 24 tokens both
+// fail, and neither writes output (the rank with 24 must not take the other's first partials).
+TEST(Faults, PeerWithOtherTokenCountIsDetected) {
+  REQUIRE_GPU();
+  expect_mismatch_detected(
+      Problem::random(40, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 10),
+      Problem::random(24, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 11));
 }
 
 TEST(Faults, SecondStreamWhileInFlightIsRefused) {

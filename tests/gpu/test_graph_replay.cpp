@@ -39,12 +39,7 @@ void replay_test(int world, NormOrder order, int replays, Method method = Method
     }
     std::vector<QkNormParams> pp;
     for (auto& d : ranks) pp.push_back(d.params);
-    cudaGraph_t g;
-    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    launch_qk_norm_group(cp, pp, s);
-    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(s, &g));
-    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&graphs[t], g, 0));
-    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+    graphs[t] = capture_graph(s, [&] { launch_qk_norm_group(cp, pp, s); });
   }
   for (int i = 0; i < replays; ++i) {
     const int64_t t = token_counts[(i * 7 + i / 3) % token_counts.size()];
@@ -127,12 +122,8 @@ TEST(GraphReplay, CaptureOnAnotherStreamInGlobalMode) {
     SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&warm, cudaStreamNonBlocking));
     SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
     launch_qk_norm_group(cp, pp, warm);  // eager, left in flight on purpose
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal));
-    launch_qk_norm_group(cp, pp, cap);
-    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(cap, &g));
-    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+    cudaGraphExec_t ge = capture_graph(
+        cap, [&] { launch_qk_norm_group(cp, pp, cap); }, cudaStreamCaptureModeGlobal);
     SWIFTQK_CUDA_TRY(cudaStreamSynchronize(warm));
     for (int i = 0; i < 5; ++i) {
       p.refill(60 + i);
@@ -146,7 +137,6 @@ TEST(GraphReplay, CaptureOnAnotherStreamInGlobalMode) {
           << to_string(method) << " replay " << i;
     }
     SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
-    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
     SWIFTQK_CUDA_TRY(cudaStreamDestroy(warm));
     SWIFTQK_CUDA_TRY(cudaStreamDestroy(cap));
   }
@@ -187,12 +177,7 @@ TEST(Soak, MillionReplaysAcrossTheCounterWrap) {
       data[i].push_back(make_rank(problems[i], world, r, Layout::kSeparate));
       pp.push_back(data[i].back().params);
     }
-    cudaGraph_t g;
-    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    launch_qk_norm_group(cp, pp, s);
-    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(s, &g));
-    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&graphs[i], g, 0));
-    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+    graphs[i] = capture_graph(s, [&] { launch_qk_norm_group(cp, pp, s); });
   }
   const int total = 1'000'000, per_switch = 1000, check_every = 100'000;
   for (int n = 0; n < total; n += per_switch) {

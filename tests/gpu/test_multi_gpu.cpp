@@ -134,12 +134,7 @@ TEST(MultiGpu, GraphReplaysOnEveryGpu) {
   std::vector<cudaGraphExec_t> exec(tp);
   for (int r = 0; r < tp; ++r) {
     SWIFTQK_CUDA_TRY(cudaSetDevice(r));
-    cudaGraph_t g;
-    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(st.s[r], cudaStreamCaptureModeThreadLocal));
-    launch_qk_norm(comms[r], data[r].params, st.s[r]);
-    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(st.s[r], &g));
-    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&exec[r], g, 0));
-    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+    exec[r] = capture_graph(st.s[r], [&] { launch_qk_norm(comms[r], data[r].params, st.s[r]); });
   }
   for (int round = 0; round < 10; ++round) {
     p.refill(900 + round);

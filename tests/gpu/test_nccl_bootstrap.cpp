@@ -61,19 +61,14 @@ TEST_F(NcclGroupOfOne, WithoutP2PFusedMethodsUseTheNcclPath) {
     launch_qk_norm(comm, d.params, stream_);
     comm.synchronize(stream_);
     EXPECT_EQ(check_ranks(p, 1, {&d}).wrong, 0) << to_string(m) << " eager";
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
-    launch_qk_norm(comm, d.params, stream_);
-    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(stream_, &g));
-    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+    cudaGraphExec_t ge = capture_graph(
+        stream_, [&] { launch_qk_norm(comm, d.params, stream_); }, cudaStreamCaptureModeGlobal);
     p.refill(13);
     upload_inputs(p, 1, 0, d, stream_);
     SWIFTQK_CUDA_TRY(cudaGraphLaunch(ge, stream_));
     comm.synchronize(stream_);
     EXPECT_EQ(check_ranks(p, 1, {&d}).wrong, 0) << to_string(m) << " graph";
     SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
-    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
   }
 }
 
@@ -85,12 +80,7 @@ TEST_F(NcclGroupOfOne, BaselinesReplayFromGraphsAfterAnEagerWarmUp) {
     d.params.method = m;
     launch_qk_norm(comm, d.params, stream_);  // sizes the scratch
     comm.synchronize(stream_);
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    launch_qk_norm(comm, d.params, stream_);
-    SWIFTQK_CUDA_TRY(cudaStreamEndCapture(stream_, &g));
-    SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+    cudaGraphExec_t ge = capture_graph(stream_, [&] { launch_qk_norm(comm, d.params, stream_); });
     for (int i = 0; i < 3; ++i) {
       p.refill(40 + i);
       upload_inputs(p, 1, 0, d, stream_);
@@ -100,7 +90,6 @@ TEST_F(NcclGroupOfOne, BaselinesReplayFromGraphsAfterAnEagerWarmUp) {
       EXPECT_EQ(check_ranks(p, 1, {&d}).wrong, 0) << to_string(m) << " replay " << i;
     }
     SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
-    SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
   }
 }
 

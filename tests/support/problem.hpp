@@ -83,6 +83,21 @@ struct RankData {
   QkNormParams params;
 };
 
+/// Captures what `body` enqueues on s into an instantiated graph (the caller destroys it with
+/// cudaGraphExecDestroy).
+template <typename Body>
+cudaGraphExec_t capture_graph(cudaStream_t s, Body body,
+                              cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(s, mode));
+  body();
+  SWIFTQK_CUDA_TRY(cudaStreamEndCapture(s, &g));
+  SWIFTQK_CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+  SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+  return ge;
+}
+
 /// Uploads rank r's shard of p for a group of `world` (buffers sized for p.tokens).
 RankData make_rank(const Problem& p, int world, int rank, Layout layout);
 /// Copies p's current q/k values into an existing rank's input buffer (same shape).

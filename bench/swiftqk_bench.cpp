@@ -43,6 +43,26 @@ double swiftqk::bench::copy_gbps(const Options& o, cudaStream_t s) {
 
 namespace {
 
+// The plain copy kernel moving the bytes of one TP-1 call (half read, half written), with the
+// same input rotation and timing: what any single kernel moving that much takes, launch and
+// ramp included. It splits a shortfall against the 1 GiB copy bandwidth into what the size
+// costs every kernel and what the QK-norm kernel itself adds.
+double same_size_copy_us(const Options& o, const Model& m, int64_t tokens, DType dt,
+                         cudaStream_t s) {
+  const std::size_t moved =
+      tokens * (m.q + m.k) * (dtype_size(dt) + dtype_size(output_dtype_for(dt)));
+  const std::size_t half = (moved / 2 + 15) / 16 * 16;
+  if (half == 0) return 0.0;
+  const int sets = rotation_sets(tokens, m, dt);
+  DeviceBuffer src(half * sets), dst(half * sets);
+  SWIFTQK_CUDA_TRY(cudaMemset(src.get(), 1, half * sets));
+  const Stats st = time_it(o, s, [&](int i) {
+    const std::size_t off = static_cast<std::size_t>(i % sets) * half;
+    bench::launch_copy(src.get() + off, dst.get() + off, half, s);
+  });
+  return st.median;
+}
+
 json run_method(const Options& o, Method method, const Model& m, int tp, Problem& p, double copy_bw,
                 cudaStream_t s) {
   const int64_t tokens = p.tokens;
@@ -150,8 +170,18 @@ int run_single_process(const Sweep& sw, const std::vector<std::string>& tps) {
               continue;
             }
             json j = run_method(o, method, m, tp, p, copy_bw, s);
+            if (tp == 1 && method == Method::kSwiftQK && t >= 4096) {
+              const double c = same_size_copy_us(o, m, t, dt, s);
+              j["same_size_copy_us"] = c;
+              j["frac_of_same_size_copy"] = c / j["median_us"].get<double>();
+            }
             total_wrong += j["wrong"].get<int64_t>();
             print_row(j);
+            if (j.contains("same_size_copy_us")) {
+              std::printf("  the copy kernel moving the same bytes: %.2f us (%.1f%% of its time)\n",
+                          j["same_size_copy_us"].get<double>(),
+                          100 * j["frac_of_same_size_copy"].get<double>());
+            }
             all.push_back(j);
           }
         }

@@ -5,7 +5,10 @@
 #                                         five methods and the TP decode run
 #   bash scripts/gpu_session.sh measure   virtual ranks against MiniMax fused, the precision
 #                                         study, the PyTorch baseline, TP-1 decode, sanitizers
-#   bash scripts/gpu_session.sh           both
+#   bash scripts/gpu_session.sh sanitize  compute-sanitizer memcheck, racecheck and synccheck on a
+#                                         subset covering every kernel, TP 2 included (peer waits
+#                                         scaled by SWIFTQK_TEST_WAIT_SCALE, default 30)
+#   bash scripts/gpu_session.sh           verify and measure
 # Logs and JSON go to $OUT (default ./gpu_out); a summary is printed last. The PyTorch extension
 # is built here (in build-py) when python/swiftqk has none that imports, and copied to $OUT.
 set -uo pipefail
@@ -60,7 +63,7 @@ run_pytest() {  # the CPU-only cases ran in CI already; here what needs the GPU
   fi
 }
 
-if [ "$phase" != measure ]; then
+if [ "$phase" = verify ] || [ "$phase" = all ]; then
   timeout 420 build/tests/swiftqk_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
   summary+=("gpu gtests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/gpu_tests.log" | tr '\n' ' ')")
   # One process per GPU at every TP the machine allows (TPS="2 4" to choose).
@@ -95,7 +98,7 @@ if [ "$phase" != measure ]; then
   fi
 fi
 
-if [ "$phase" != verify ]; then
+if [ "$phase" = measure ] || [ "$phase" = all ]; then
   timeout 220 build/bench/swiftqk_bench --methods swiftqk,minimax_fused --tokens 1,64,4096,16384 \
     --tp 1,2,4,8 --iters 40 --commit "$commit" --json "$OUT/bench_methods.json" \
     >"$OUT/bench_methods.log" 2>&1
@@ -124,16 +127,23 @@ if [ "$phase" != verify ]; then
       summary+=("e2e tp 1 $model: $(tail -1 "$OUT/e2e_tp1_$model.log")")
     done
   fi
+fi
+
+if [ "$phase" != verify ]; then
   # compute-sanitizer on a subset that covers every kernel (the full suite is too slow there).
   # API errors are not reported: every CUDA call of ours is checked and would throw, and NCCL
   # probes kernels for other architectures at init (cudaErrorNoKernelImageForDevice, handled).
+  # Under racecheck the kernels run tens of times slower: the tests' peer waits are scaled so
+  # that TP-2 blocks waiting on each other are not cut off by a bound sized for the bare GPU.
   filter='Design/ModelShapes.*tp2_t333_q5120_k1024*:GraphReplay.Tp2Llama'
   filter+=':Faults.MissingPeerTimesOutNamingIt:NcclGroupOfOne.FromNcclRunsEveryMethod'
-  for tool in ${SANITIZERS:-memcheck}; do
-    timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 9 --report-api-errors no \
+  default_tools=memcheck; [ "$phase" = sanitize ] && default_tools="memcheck racecheck synccheck"
+  for tool in ${SANITIZERS:-$default_tools}; do
+    SWIFTQK_TEST_WAIT_SCALE=${SWIFTQK_TEST_WAIT_SCALE:-30} timeout "${SANITIZER_TIMEOUT_S:-150}" \
+      compute-sanitizer --tool "$tool" --error-exitcode 9 --report-api-errors no \
       build/tests/swiftqk_gpu_tests --gtest_brief=1 --gtest_filter="$filter" \
       >"$OUT/sanitizer_$tool.log" 2>&1
-    summary+=("compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/sanitizer_$tool.log" | tr '\n' ' '))")
+    summary+=("compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/sanitizer_$tool.log" | tr '\n' ' '))")
   done
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -19,7 +19,7 @@ namespace {
 void replay_test(int world, NormOrder order, int replays, Method method = Method::kSwiftQK) {
   const int64_t q_width = 5120, k_width = 1024;
   CommConfig cfg;
-  cfg.timeout_s = 10.0;
+  cfg.timeout_s = wait_s(10.0);
   auto comms = Communicator::create_local_group(std::vector<int>(world, 0), cfg);
   std::vector<Communicator*> cp;
   for (auto& c : comms) cp.push_back(&c);

@@ -39,7 +39,7 @@ std::string name_of(const Case& c) {
 void run_case(const Case& c, int calls = 2) {
   CommConfig cfg;
   cfg.token_capacity = c.capacity;
-  cfg.timeout_s = 10.0;
+  cfg.timeout_s = wait_s(10.0);
   if (c.launch == Launch::kPerRankStreams) {
     // Separate concurrent launches must all be resident at once: split the SMs between them.
     int sms = 0;

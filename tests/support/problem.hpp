@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -19,6 +20,16 @@ namespace swiftqk::testing {
 inline bool has_gpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+/// A peer wait bound for tests whose ranks wait on each other: `seconds`, scaled by the
+/// environment's SWIFTQK_TEST_WAIT_SCALE (default 1). Under compute-sanitizer's racecheck the
+/// kernels run tens of times slower, and a wait sized for the bare GPU expires before the peer
+/// block gets there; scaling it lets those tests run to completion there.
+inline double wait_s(double seconds) {
+  const char* env = std::getenv("SWIFTQK_TEST_WAIT_SCALE");
+  const double scale = env != nullptr ? std::atof(env) : 1.0;
+  return scale > 0.0 ? seconds * scale : seconds;
 }
 
 /// Owning device allocation.

@@ -6,6 +6,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace swiftqk::detail {
@@ -78,6 +79,30 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
+
+/// The packed pair type of a 2-byte float type (one conversion instruction rounds two floats).
+template <typename T>
+struct PairOf;
+template <>
+struct PairOf<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ type pack(float a, float b) {
+    return __floats2bfloat162_rn(a, b);
+  }
+  // bf16 is the top half of a float: one shift and one mask (the compiler's conversion spends
+  // a byte permute and a multiply on the upper element).
+  static __device__ __forceinline__ float2 unpack(type p) {
+    uint32_t u;
+    memcpy(&u, &p, sizeof(u));
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+  }
+};
+template <>
+struct PairOf<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ type pack(float a, float b) { return __floats2half2_rn(a, b); }
+  static __device__ __forceinline__ float2 unpack(type p) { return __half22float2(p); }
+};
 
 /// x rounded to T and back: the intermediate rounding of the Llama order.
 template <typename T>

@@ -51,15 +51,32 @@ __device__ __forceinline__ Vec<Tout, VEC>* out_vec(const RankArgs& ra, int64_t t
   return reinterpret_cast<Vec<Tout, VEC>*>(p);
 }
 
+/// Element pairs of a 2-byte vector as floats (one packed unpack per pair); else element-wise.
+template <typename T, int VEC>
+__device__ __forceinline__ void vec_to_floats(const Vec<T, VEC>& x, float (&f)[VEC]) {
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+    using P = PairOf<T>;
+    const auto* x2 = reinterpret_cast<const typename P::type*>(x.v);
+#pragma unroll
+    for (int e = 0; e < VEC / 2; ++e) {
+      const float2 p = P::unpack(x2[e]);
+      f[2 * e] = p.x;
+      f[2 * e + 1] = p.y;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) f[e] = to_float(x.v[e]);
+  }
+}
+
 template <typename Tin, int VEC>
 __device__ __forceinline__ void accumulate(const Vec<Tin, VEC>& x, bool is_q, float& sq,
                                            float& sk) {
+  float f[VEC];
+  vec_to_floats(x, f);
   float s = 0.f;
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    const float f = to_float(x.v[e]);
-    s = fmaf(f, f, s);
-  }
+  for (int e = 0; e < VEC; ++e) s = fmaf(f[e], f[e], s);
   if (is_q) {
     sq += s;
   } else {
@@ -67,17 +84,47 @@ __device__ __forceinline__ void accumulate(const Vec<Tin, VEC>& x, bool is_q, fl
   }
 }
 
+/// The normalised output vector of input x and weights w for scale r. For 2-byte outputs the
+/// roundings go two at a time (one packed conversion each); every value is the same as
+/// element-wise norm_element gives.
+template <typename Tin, typename Tout, int VEC, bool kOlmo2>
+__device__ __forceinline__ Vec<Tout, VEC> normalize_vec(const Vec<Tin, VEC>& x,
+                                                        const Vec<Tout, VEC>& w, float r) {
+  Vec<Tout, VEC> y;
+  if constexpr (sizeof(Tout) == 2 && VEC % 2 == 0) {
+    using P = PairOf<Tout>;
+    using T2 = typename P::type;
+    const T2* w2 = reinterpret_cast<const T2*>(w.v);
+    T2* y2 = reinterpret_cast<T2*>(y.v);
+    float xf[VEC];
+    vec_to_floats(x, xf);
+#pragma unroll
+    for (int e = 0; e < VEC / 2; ++e) {
+      const float2 wf = P::unpack(w2[e]);
+      float a = xf[2 * e] * r;
+      float b = xf[2 * e + 1] * r;
+      if constexpr (!kOlmo2) {  // Llama: the normalised value is rounded before the weight
+        const float2 rounded = P::unpack(P::pack(a, b));
+        a = rounded.x;
+        b = rounded.y;
+      }
+      y2[e] = P::pack(wf.x * a, wf.y * b);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      y.v[e] = norm_element<Tout, kOlmo2>(to_float(x.v[e]), to_float(w.v[e]), r);
+    }
+  }
+  return y;
+}
+
 template <typename Tin, typename Tout, int VEC, bool kOlmo2>
 __device__ __forceinline__ void write_output(const RankArgs& ra, int64_t t, int64_t i, int64_t nq,
                                              const Vec<Tin, VEC>& x, const Vec<Tout, VEC>& w,
                                              float2 rs) {
-  const float r = i < nq ? rs.x : rs.y;
-  Vec<Tout, VEC> y;
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    y.v[e] = norm_element<Tout, kOlmo2>(to_float(x.v[e]), to_float(w.v[e]), r);
-  }
-  store_vec(out_vec<Tout, VEC>(ra, t, i, nq), y);
+  store_vec(out_vec<Tout, VEC>(ra, t, i, nq),
+            normalize_vec<Tin, Tout, VEC, kOlmo2>(x, w, i < nq ? rs.x : rs.y));
 }
 
 /// Phase B, first half, run by the group's first warp: push this rank's (q, k) partials of token
@@ -200,6 +247,20 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
     }
   }
 
+  // This thread's vector slots are the same for every token: whether slot v lies in the row, in
+  // Q or K, and its element offset there. Per token only the two row starts are computed, not a
+  // 64-bit product per vector (the kernel is short of issue slots, not of bandwidth, at 4096+).
+  constexpr int kSlots = VPT > 0 ? VPT : 1;
+  bool v_in[kSlots], v_q[kSlots];
+  int v_off[kSlots];
+#pragma unroll
+  for (int v = 0; v < kSlots; ++v) {
+    const int64_t i = gt + static_cast<int64_t>(v) * G;
+    v_in[v] = VPT > 0 && i < n;
+    v_q[v] = i < nq;
+    v_off[v] = static_cast<int>((i < nq ? i : i - nq) * VEC);
+  }
+
   // This thread's vectors of stage s (only the thread that copies a vector ever reads it, so
   // cp_async_wait alone makes it visible; no barrier is needed for the data).
   auto stage = [&](int s) {
@@ -210,10 +271,11 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
     if constexpr (VPT > 0) {
       if (tk < T) {
         InVec* dst = stage(s);
+        const Tin* q_row = static_cast<const Tin*>(ra.q_in) + tk * ra.q_in_stride;
+        const Tin* k_row = static_cast<const Tin*>(ra.k_in) + tk * ra.k_in_stride;
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
-          const int64_t i = gt + static_cast<int64_t>(v) * G;
-          if (i < n) cp_async16(dst + i, row_vec<Tin, VEC>(ra, tk, i, nq));
+          if (v_in[v]) cp_async16(dst + gt + v * G, (v_q[v] ? q_row : k_row) + v_off[v]);
         }
       }
       cp_async_commit();  // empty groups keep the group count uniform
@@ -263,8 +325,7 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
       const InVec* x = stage(cur);
 #pragma unroll
       for (int v = 0; v < VPT; ++v) {
-        const int64_t i = gt + static_cast<int64_t>(v) * G;
-        if (active && i < n) accumulate<Tin, VEC>(load_vec(x + i), i < nq, sq, sk);
+        if (active && v_in[v]) accumulate<Tin, VEC>(load_vec(x + gt + v * G), v_q[v], sq, sk);
       }
     } else if (active) {
       for (int64_t i = gt; i < n; i += G) {
@@ -327,12 +388,15 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
       const float2 rs = s_rstd[g];
       if constexpr (VPT > 0) {
         const InVec* x = stage(wstage);
+        Tout* q_row = static_cast<Tout*>(ra.q_out) + tw * ra.q_out_stride;
+        Tout* k_row = static_cast<Tout*>(ra.k_out) + tw * ra.k_out_stride;
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
-          const int64_t i = gt + static_cast<int64_t>(v) * G;
-          if (i < n) {
-            write_output<Tin, Tout, VEC, kOlmo2>(ra, tw, i, nq, load_vec(x + i),
-                                                 load_vec(s_weight + i), rs);
+          if (v_in[v]) {
+            const int i = gt + v * G;
+            store_vec(reinterpret_cast<OutVec*>((v_q[v] ? q_row : k_row) + v_off[v]),
+                      normalize_vec<Tin, Tout, VEC, kOlmo2>(load_vec(x + i), load_vec(s_weight + i),
+                                                            v_q[v] ? rs.x : rs.y));
           }
         }
       } else {

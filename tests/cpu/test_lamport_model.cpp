@@ -51,6 +51,7 @@
 #include <utility>
 #include <vector>
 
+#include "model_helpers.hpp"
 #include "swiftqk/plan.hpp"
 
 namespace swiftqk {
@@ -129,37 +130,20 @@ void kernel_boundary() { g_kernel_boundaries.fetch_add(1, std::memory_order_seq_
 void kernel_boundary() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 #endif
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using model::bits_float;
+using model::float_bits;
+using model::splitmix64;
 
 // Deterministic partial sums of call `call_index` (host-level), token, rank: nonnegative floats
 // with full mantissas, exactly -0.0 or +0.0 now and then.
 float partial(const Knobs& k, int call_index, int64_t token, int rank, int which) {
-  const uint64_t h = splitmix64(k.seed ^ splitmix64((static_cast<uint64_t>(call_index) << 24) ^
-                                                    (static_cast<uint64_t>(token) << 5) ^
-                                                    (static_cast<uint64_t>(rank) << 1) ^
-                                                    static_cast<uint64_t>(which)));
+  const uint64_t h = model::partial_hash(k.seed, call_index, token, rank, which);
   if (k.zero_one_in > 0) {
     const uint64_t z = (h >> 8) % (2 * static_cast<uint64_t>(k.zero_one_in));
     if (z == 0) return -0.0f;
     if (z == 1) return 0.0f;
   }
-  return static_cast<float>(h >> 40) * (100.0f / 16777216.0f) + 0.001f;
-}
-
-uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-float bits_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return model::partial_from_hash(h);
 }
 
 // The writer's word for a value, as lamport_word() computes it.

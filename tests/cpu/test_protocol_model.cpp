@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "model_helpers.hpp"
 #include "swiftqk/plan.hpp"
 
 namespace swiftqk {
@@ -79,29 +80,13 @@ struct Outcome {
   std::string first_failure;
 };
 
+using model::bits_float;
+using model::float_bits;
+using model::splitmix64;
+
 // Deterministic, call-dependent partial sums of squares: nonnegative floats with full mantissas.
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 float partial(uint64_t seed, int call_index, int64_t token, int rank, int which) {
-  const uint64_t h = splitmix64(seed ^ splitmix64((static_cast<uint64_t>(call_index) << 24) ^
-                                                  (static_cast<uint64_t>(token) << 5) ^
-                                                  (static_cast<uint64_t>(rank) << 1) ^
-                                                  static_cast<uint64_t>(which)));
-  return static_cast<float>(h >> 40) * (100.0f / 16777216.0f) + 0.001f;
-}
-uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-float bits_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return model::partial_from_hash(model::partial_hash(seed, call_index, token, rank, which));
 }
 uint64_t pack_word(float value, uint32_t tag) {
   return static_cast<uint64_t>(float_bits(value)) | (static_cast<uint64_t>(tag) << 32);

@@ -1,4 +1,5 @@
 // Host side of a QK-norm launch: checks, chunking by workspace capacity, kernel choice, grid.
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -95,6 +96,23 @@ int max_blocks_per_sm(KernelFn fn, int block, std::size_t smem, int device) {
   SWIFTQK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, block, smem));
   cache[key] = n;
   return n;
+}
+
+// Rows staged per token group. SWIFTQK_STAGES (2..5) overrides the default, for tuning runs of
+// the benchmark; anything else there is an error rather than silently ignored.
+int stage_depth() {
+  static const int depth = [] {
+    const char* e = std::getenv("SWIFTQK_STAGES");
+    if (e == nullptr || *e == '\0') return kDefaultStages;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    SWIFTQK_EXPECTS(*end == '\0' && v >= kMinStages && v <= kMaxStages,
+                    std::string("SWIFTQK_STAGES=") + e + " is not a stage depth from " +
+                        std::to_string(kMinStages) + " to " +
+                        std::to_string(kMaxStages));
+    return static_cast<int>(v);
+  }();
+  return depth;
 }
 
 int sm_count(int device) {
@@ -217,10 +235,12 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
       pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method, p0.order);
 
   detail::DeviceGuard guard(s0.device);
+  const int stages = stage_depth();
   const std::size_t smem =
       shape.vectors_per_thread > 0
           ? detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
-                                      (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)))
+                                      (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)),
+                                      stages)
           : 0;
   const int occ = max_blocks_per_sm(fn, shape.block_threads(), smem, s0.device);
 
@@ -235,6 +255,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.world = world;
   a.group_threads = shape.group_threads;
   a.tokens_per_block = shape.tokens_per_block;
+  a.stages = stages;
   a.order = static_cast<int>(p0.order);
   a.q_width = qw;
   a.k_width = kw;

@@ -35,7 +35,7 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems)
     s.vectors_per_thread = 4;
     s.group_threads = round_up_32(ceil_div(n, 4));
   }
-  s.tokens_per_block = std::max(1, 256 / s.group_threads);
+  s.tokens_per_block = std::min(kMaxGroupsPerBlock, std::max(1, 256 / s.group_threads));
   return s;
 }
 

@@ -20,6 +20,16 @@ struct KernelShape {
 /// of shared memory. The scalar path (vec_elems 1) always streams.
 constexpr int64_t kMaxStagedVectors = 2048;
 
+/// Rows of input each token group keeps in flight through shared memory by default (one being
+/// reduced or written, the rest loading); SWIFTQK_STAGES overrides it for tuning runs.
+constexpr int kDefaultStages = 4;
+constexpr int kMinStages = 2;
+constexpr int kMaxStages = 5;
+
+/// Token groups a block may hold: each group synchronises on its own hardware barrier (1..15;
+/// barrier 0 is the whole block's).
+constexpr int kMaxGroupsPerBlock = 15;
+
 /// @brief Picks the thread layout for local widths q_width/k_width moved vec_elems at a time.
 KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems);
 

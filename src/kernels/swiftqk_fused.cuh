@@ -191,18 +191,36 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-/// Rows staged through shared memory: a group's ring of kStages rows holds the token being
-/// written, the one being reduced (the same one unless deferring) and the rest in flight.
-constexpr int kStages = 4;
+/// Rows staged through shared memory: a group's ring of `stages` rows holds the token being
+/// written, the one being reduced (the same one unless deferring) and the rest in flight. The
+/// host picks the depth (plan.hpp, kMinStages..kMaxStages): deeper hides more latency, shallower
+/// lets more blocks share an SM.
 
 /// Dynamic shared memory of the staged kernel (host and device agree on it): the stage ring of
 /// 16-byte input vectors, then the block's copy of the weight slice.
 constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_block,
-                                        std::size_t weight_bytes) {
-  return static_cast<std::size_t>(kStages) * tokens_per_block * vectors_per_row * 16 + weight_bytes;
+                                        std::size_t weight_bytes, int stages) {
+  return static_cast<std::size_t>(stages) * tokens_per_block * vectors_per_row * 16 + weight_bytes;
 }
 
-/// VPT > 0 (vector path): rows are staged through shared memory kStages tokens ahead with
+/// Waits until at most n of this thread's cp.async groups are pending (n is an immediate in PTX).
+__device__ __forceinline__ void cp_async_wait_pending(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    default: cp_async_wait<kMaxStages - 1>(); break;
+  }
+}
+
+/// Barrier of one token group only (barrier 1 + g, G threads), so a group that has its partial
+/// sums goes on without waiting for the block's other groups; barrier 0 stays __syncthreads.
+__device__ __forceinline__ void group_barrier(int g, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + g), "r"(threads) : "memory");
+}
+
+/// VPT > 0 (vector path): rows are staged through shared memory a.stages tokens deep with
 /// cp.async, so every SM keeps loads in flight while a token is reduced, exchanged and written.
 /// VPT == 0: rows are streamed twice from global memory (the second read hits L2); used for
 /// rows too wide to stage and for the scalar path.
@@ -213,11 +231,14 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
   using Tout = typename OutputOf<Tin>::type;
   using InVec = Vec<Tin, VEC>;
   static_assert(VPT == 0 || sizeof(InVec) == 16, "staging moves 16-byte vectors");
-  // Dynamic shared memory: [kStages][tokens_per_block][n] input vectors, then the weights.
+  // Dynamic shared memory: [stages][tokens_per_block][n] input vectors, then the weights.
   extern __shared__ uint4 s_stage[];
-  __shared__ float2 s_part[32];  // per warp: (q, k) partial sums
+  // Per warp (q, k) partial sums, double-buffered by iteration parity: a warp writing the next
+  // iteration's partials has passed this iteration's group barrier, which every reader of the
+  // same buffer two iterations back had reached after reading it.
+  __shared__ float2 s_part[2][32];
   __shared__ float2 s_rstd[32];  // per group: (q, k) 1/rms times the input scale
-  __shared__ int s_abort;
+  __shared__ int s_abort[32];    // per group: a wait failed, stop
 
   const int slot_rank = blockIdx.x / a.blocks_per_rank;
   const int lblock = blockIdx.x - slot_rank * a.blocks_per_rank;
@@ -231,6 +252,7 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
   const int64_t nq = a.q_width / VEC;
   const int64_t n = nq + a.k_width / VEC;
   const int64_t T = a.tokens;
+  const int S = a.stages;
 
   const uint32_t call = load_volatile(kLamport ? &ra.state->lamport_call : &ra.state->call);
   const uint32_t tag = tag_for_call(call);
@@ -238,7 +260,7 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
   const int bank = bank_for_call(call);
   const int64_t step = static_cast<int64_t>(a.blocks_per_rank) * a.tokens_per_block;
   const int64_t first = static_cast<int64_t>(lblock) * a.tokens_per_block;
-  if (threadIdx.x == 0) s_abort = 0;
+  if (gt == 0) s_abort[g] = 0;
   if constexpr (kLamport) {
     // The previous call's buffer: every rank finished writing it (this rank read all of it).
     if (a.world > 1) {
@@ -281,6 +303,7 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
       cp_async_commit();  // empty groups keep the group count uniform
     }
   };
+  auto wrap = [S](int s) { return s >= S ? s - S : s; };
   // With peers, iteration `it` reduces and publishes token it (of this group's sequence) and
   // then collects and writes token it-1, so a token's exchange overlaps the next token's load
   // and reduction instead of stalling the block. Waiting only on tokens this block published an
@@ -289,7 +312,7 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
   // the freed stage lets the loads run one token further ahead.
   const int64_t iterations = first < T ? (T - first + step - 1) / step : 0;
   const bool defer = !kLamport && a.world > 1 && iterations > 1;  // block-uniform
-  const int ahead = defer ? kStages - 2 : kStages - 1;
+  const int ahead = defer ? S - 2 : S - 1;  // 0 (S = 2 with peers) means no prefetch
   // The first rows' loads go out before the weights are fetched, so the two DRAM round trips
   // overlap (at a few tokens the kernel is one such latency chain).
   for (int s = 0; s < ahead; ++s) issue(first + g + s * step, s);
@@ -297,31 +320,29 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
   // Every token uses the same weight slice: it is read from global memory once per block, into
   // shared memory after the stages (re-reading it per token doubled the L2 traffic).
   using OutVec = Vec<Tout, VEC>;
-  OutVec* s_weight = reinterpret_cast<OutVec*>(
-      reinterpret_cast<InVec*>(s_stage) + static_cast<int64_t>(kStages) * a.tokens_per_block * n);
+  OutVec* s_weight = reinterpret_cast<OutVec*>(reinterpret_cast<InVec*>(s_stage) +
+                                               static_cast<int64_t>(S) * a.tokens_per_block * n);
   if constexpr (VPT > 0) {
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       store_vec(s_weight + i, load_vec(weight_vec<Tout, VEC>(ra, i, nq)));
     }
-    __syncthreads();
   }
+  __syncthreads();  // the weights, and s_abort, before any group reads them
 
+  // The stage of the reduced token (cur), of the written one (wstage) and of the next load.
+  int cur = 0;
   for (int64_t it = 0; it < iterations + (defer ? 1 : 0); ++it) {
     const int64_t t = first + it * step + g;  // the token reduced and published
     const int64_t tw = defer ? t - step : t;  // the token collected and written
     const bool active = it < iterations && t < T;
     const bool active_write = tw >= 0 && tw < T && (!defer || it > 0);
-    const int cur = static_cast<int>(it % kStages);
-    const int wstage = static_cast<int>((it + (defer ? kStages - 1 : 0)) % kStages);
+    const int wstage = defer ? wrap(cur + S - 1) : cur;
+    const int par = static_cast<int>(it & 1);
     float sq = 0.f, sk = 0.f;
     // Phase A: local sums of squares of the current token.
     if constexpr (VPT > 0) {
-      issue(first + g + (it + ahead) * step, static_cast<int>((it + ahead) % kStages));
-      if (defer) {
-        cp_async_wait<kStages - 2>();
-      } else {
-        cp_async_wait<kStages - 1>();
-      }
+      issue(first + g + (it + ahead) * step, wrap(cur + ahead));
+      cp_async_wait_pending(ahead);
       const InVec* x = stage(cur);
 #pragma unroll
       for (int v = 0; v < VPT; ++v) {
@@ -332,60 +353,82 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
         accumulate<Tin, VEC>(load_vec(row_vec<Tin, VEC>(ra, t, i, nq)), i < nq, sq, sk);
       }
     }
+    cur = wrap(cur + 1);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
       sq += __shfl_xor_sync(kFullMask, sq, off);
       sk += __shfl_xor_sync(kFullMask, sk, off);
     }
-    if (lane == 0) s_part[warp] = make_float2(sq, sk);
-    __syncthreads();
+    if (lane == 0) s_part[par][warp] = make_float2(sq, sk);
+    group_barrier(g, G);
 
-    // Phase B, by the group's first warp: publish the current token, then collect the token
-    // to write (the previous one when deferring, so usually already there).
-    if (gt < 32) {
-      float q = 0.f, k = 0.f;
-      if (active) {
+    float2 rs = make_float2(0.f, 0.f);
+    if (a.world == 1) {
+      // Alone, every warp sums its group's partials itself (same order, same value in every
+      // warp): no second barrier and no warp waiting on the first one's square root.
+      if (active_write) {
+        float q = 0.f, k = 0.f;
         for (int j = 0; j < warps_per_group; ++j) {
-          const float2 p = s_part[g * warps_per_group + j];
+          const float2 p = s_part[par][g * warps_per_group + j];
           q += p.x;
           k += p.y;
         }
         q *= ra.q_in_scale * ra.q_in_scale;
         k *= ra.k_in_scale * ra.k_in_scale;
-        if (a.world > 1) {
+        const float rq = 1.f / sqrtf(q * a.q_inv_full + a.eps);
+        const float rk = 1.f / sqrtf(k * a.k_inv_full + a.eps);
+        rs = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
+        if (gt == 0 && ra.rstd_out != nullptr) {
+          ra.rstd_out[2 * tw] = rq;
+          ra.rstd_out[2 * tw + 1] = rk;
+        }
+      }
+    } else {
+      // Phase B, by the group's first warp: publish the current token, then collect the token
+      // to write (the previous one when deferring, so usually already there).
+      if (gt < 32) {
+        float q = 0.f, k = 0.f;
+        if (active) {
+          for (int j = 0; j < warps_per_group; ++j) {
+            const float2 p = s_part[par][g * warps_per_group + j];
+            q += p.x;
+            k += p.y;
+          }
+          q *= ra.q_in_scale * ra.q_in_scale;
+          k *= ra.k_in_scale * ra.k_in_scale;
           if constexpr (kLamport) {
             lamport_publish(a, ra, t, static_cast<int>(call), q, k);
           } else {
             publish_partials(a, ra, t, tag, ktag, bank, q, k);
           }
         }
-      }
-      bool ok = true;
-      if (active_write && a.world > 1) {
-        if constexpr (kLamport) {
-          ok = lamport_collect(a, ra, tw, static_cast<int>(call), q, k);
-        } else {
-          ok = collect_partials(a, ra, tw, tag, ktag, bank, q, k);
+        bool ok = true;
+        if (active_write) {
+          if constexpr (kLamport) {
+            ok = lamport_collect(a, ra, tw, static_cast<int>(call), q, k);
+          } else {
+            ok = collect_partials(a, ra, tw, tag, ktag, bank, q, k);
+          }
+        }
+        if (!ok) {
+          if (lane == 0) s_abort[g] = 1;
+        } else if (active_write && lane == 0) {
+          const float rq = 1.f / sqrtf(q * a.q_inv_full + a.eps);
+          const float rk = 1.f / sqrtf(k * a.k_inv_full + a.eps);
+          s_rstd[g] = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
+          if (ra.rstd_out != nullptr) {
+            ra.rstd_out[2 * tw] = rq;
+            ra.rstd_out[2 * tw + 1] = rk;
+          }
         }
       }
-      if (!ok) {
-        if (lane == 0) s_abort = 1;
-      } else if (active_write && lane == 0) {
-        const float rq = 1.f / sqrtf(q * a.q_inv_full + a.eps);
-        const float rk = 1.f / sqrtf(k * a.k_inv_full + a.eps);
-        s_rstd[g] = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
-        if (ra.rstd_out != nullptr) {
-          ra.rstd_out[2 * tw] = rq;
-          ra.rstd_out[2 * tw + 1] = rk;
-        }
-      }
+      group_barrier(g, G);
+      if (s_abort[g]) break;  // group-uniform: every thread of the group read it after the barrier
+      rs = s_rstd[g];
     }
-    __syncthreads();
-    if (s_abort) break;
 
     // Phase C for the written token: scale, weight, round once (Olmo2) or twice (Llama).
     if (active_write) {
-      const float2 rs = s_rstd[g];
       if constexpr (VPT > 0) {
         const InVec* x = stage(wstage);
         Tout* q_row = static_cast<Tout*>(ra.q_out) + tw * ra.q_out_stride;

@@ -61,15 +61,16 @@ const std::vector<int> kVec = {8, 4, 16, 1};
   if (s.block_threads() > 1024) return fail() << "block_threads > 1024";
   if (s.block_threads() != s.group_threads * s.tokens_per_block) return fail() << "block_threads";
   // Shared arrays in the kernel hold 32 warps and 32 groups per block.
-  if (s.tokens_per_block > 32) return fail() << "more than 32 groups in a block";
+  if (s.tokens_per_block > kMaxGroupsPerBlock) return fail() << "more groups than barriers";
   const bool streaming = vec == 1 || n > kMaxStagedVectors;
   if (streaming != (s.vectors_per_thread == 0)) return fail() << "streaming choice wrong";
   if (!streaming) {
     const int vpt = s.vectors_per_thread;
     if (vpt != 1 && vpt != 2 && vpt != 4) return fail() << "vectors_per_thread not in {1,2,4}";
     if (static_cast<int64_t>(s.group_threads) * vpt < n) return fail() << "row does not fit";
-    // Four stages of the block's rows must fit the 227 KB of shared memory a block may use.
-    if (4 * 16 * n * s.tokens_per_block > 200 * 1024) return fail() << "staged rows too large";
+    // The deepest ring of the block's rows must fit the 227 KB of shared memory a block may use.
+    if (kMaxStages * 16 * n * s.tokens_per_block > 200 * 1024)
+      return fail() << "staged rows too large";
     // No whole warp of the group holds nothing.
     if (static_cast<int64_t>(s.group_threads - 32) * vpt >= n) return fail() << "idle warp";
   }

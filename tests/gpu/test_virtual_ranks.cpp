@@ -25,6 +25,7 @@ struct Case {
   int64_t capacity = 16384;
   float eps = 1e-6f;
   Method method = Method::kSwiftQK;
+  int sm_budget = 0;  // 0: all SMs (kPerRankStreams splits them)
 };
 
 std::string name_of(const Case& c) {
@@ -32,7 +33,8 @@ std::string name_of(const Case& c) {
          std::to_string(c.q_width) + "_k" + std::to_string(c.k_width) + "_" + to_string(c.in) +
          "_" + to_string(c.order) + "_layout" + std::to_string(static_cast<int>(c.layout)) +
          (c.launch == Launch::kGroup ? "_group" : "_streams") +
-         (c.method == Method::kSwiftQK ? "" : "_" + to_string(c.method));
+         (c.method == Method::kSwiftQK ? "" : "_" + to_string(c.method)) +
+         (c.sm_budget == 0 ? "" : "_sms" + std::to_string(c.sm_budget));
 }
 
 // Runs `calls` consecutive calls with fresh inputs each, checking every one.
@@ -46,6 +48,7 @@ void run_case(const Case& c, int calls = 2) {
     SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     cfg.sm_budget = std::max(1, sms / c.world);
   }
+  if (c.sm_budget > 0) cfg.sm_budget = c.sm_budget;
   auto comms = Communicator::create_local_group(std::vector<int>(c.world, 0), cfg);
   Problem p = Problem::random(c.tokens, c.q_width, c.k_width, c.in, c.order, c.eps, 1234);
   std::vector<RankData> ranks;
@@ -174,6 +177,27 @@ std::vector<Case> minimax_cases() {
   v.push_back(streams);
   return v;
 }
+// A grid of one or two SMs: every block walks many tokens, so the deferred schedule, the stage
+// ring's wrap-around and the parity buffers are exercised for dozens of iterations (and cheaply
+// enough for compute-sanitizer's racecheck, which serialises shared-memory accesses).
+std::vector<Case> few_block_cases() {
+  std::vector<Case> v;
+  for (int world : {1, 2, 4}) {
+    for (NormOrder o : {NormOrder::kOlmo2, NormOrder::kLlama}) {
+      Case c{world, 211, 2048, 512, DType::kBF16, o};
+      c.sm_budget = world == 4 ? 2 : 1;
+      v.push_back(c);
+    }
+  }
+  Case mm{2, 211, 2048, 512, DType::kBF16, NormOrder::kOlmo2};
+  mm.method = Method::kMiniMaxFused;
+  mm.sm_budget = 1;
+  v.push_back(mm);
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(FewBlocks, ModelShapes, ::testing::ValuesIn(few_block_cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
 INSTANTIATE_TEST_SUITE_P(MiniMaxFused, ModelShapes, ::testing::ValuesIn(minimax_cases()),
                          [](const auto& info) { return name_of(info.param); });
 

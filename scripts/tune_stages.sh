@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Times SwiftQK at every stage depth (SWIFTQK_STAGES, rows each token group stages through shared
+# memory), side by side in one run, optionally against another build of the benchmark, and prints
+# one table: median us per (model, tp, tokens) and depth. Every timed configuration is verified
+# against float64 by the benchmark first; a run with wrong results is reported as such.
+#   bash scripts/tune_stages.sh [tokens] [tp] [depths] [other_bench]
+#   e.g. bash scripts/tune_stages.sh 4096,16384 1,2,4,8 2,3,4,5 /path/to/old/swiftqk_bench
+# JSON per run and the table go to $OUT (default ./gpu_out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tokens=${1:-4096}
+tps=${2:-1,2,4,8}
+depths=${3:-2,3,4,5}
+other=${4:-}
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+bench=build/bench/swiftqk_bench
+common=(--methods swiftqk --tokens "$tokens" --tp "$tps" --iters "${ITERS:-30}")
+runs=()
+run() {  # name, then the command
+  local name=$1; shift
+  "$@" "${common[@]}" --json "$OUT/tune_$name.json" >"$OUT/tune_$name.log" 2>&1 \
+    || echo "run $name failed: $(tail -2 "$OUT/tune_$name.log")"
+  runs+=("$name")
+}
+# The reference depth runs first and last: the difference between the two is the noise.
+IFS=, read -ra ds <<<"$depths"
+ref=${ds[0]}
+SWIFTQK_STAGES=$ref run "s${ref}_first" "$bench"
+[ -n "$other" ] && run other "$other"
+for d in "${ds[@]:1}"; do SWIFTQK_STAGES=$d run "s$d" "$bench"; done
+SWIFTQK_STAGES=$ref run "s${ref}_again" "$bench"
+python3 - "$OUT" "${runs[@]}" <<'EOF' | tee "$OUT/tune_table.txt"
+import json, os, sys
+out, names = sys.argv[1], sys.argv[2:]
+rows, wrong = {}, {}
+for n in names:
+    path = os.path.join(out, f"tune_{n}.json")
+    if not os.path.exists(path):
+        continue
+    for r in json.load(open(path)):
+        key = (r["model"], r["tp"], r["tokens"])
+        rows.setdefault(key, {})[n] = r["median_us"]
+        wrong[n] = wrong.get(n, 0) + r["wrong"]
+print("median us (graph replays); wrong results per run: " +
+      ", ".join(f"{n}={wrong.get(n, 'missing')}" for n in names))
+print("| model | tp | tokens | " + " | ".join(names) + " | best |")
+print("|---|---|---|" + "---|" * (len(names) + 1))
+for key in sorted(rows):
+    v = rows[key]
+    best = min(v, key=v.get)
+    cells = [f"{v[n]:.2f}" if n in v else "-" for n in names]
+    print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + f" | {best} |")
+EOF

@@ -30,7 +30,7 @@ if [ ! -x build/tests/swiftqk_gpu_tests ] || ! build/tests/swiftqk_gpu_tests --g
 fi
 has_ext() { PYTHONPATH=python python3 -c 'import swiftqk' 2>/dev/null; }
 pybuild=
-if ! has_ext; then  # in the background while the C++ tests run
+if [ "$phase" != sanitize ] && ! has_ext; then  # in the background while the C++ tests run
   ( cmake -S . -B build-py -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DSWIFTQK_BUILD_TESTS=OFF \
       -DSWIFTQK_BUILD_BENCHMARKS=OFF -DSWIFTQK_BUILD_PYTHON=ON \
       -DPython_EXECUTABLE="$(command -v python3)" && cmake --build build-py ) \

@@ -100,10 +100,10 @@ int max_blocks_per_sm(KernelFn fn, int block, std::size_t smem, int device) {
 
 // Rows staged per token group. SWIFTQK_STAGES (2..5) overrides the default, for tuning runs of
 // the benchmark; anything else there is an error rather than silently ignored.
-int stage_depth() {
-  static const int depth = [] {
+int stage_depth(int world) {
+  static const int forced = [] {
     const char* e = std::getenv("SWIFTQK_STAGES");
-    if (e == nullptr || *e == '\0') return kDefaultStages;
+    if (e == nullptr || *e == '\0') return 0;
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
     SWIFTQK_EXPECTS(*end == '\0' && v >= kMinStages && v <= kMaxStages,
@@ -112,7 +112,8 @@ int stage_depth() {
                         std::to_string(kMaxStages));
     return static_cast<int>(v);
   }();
-  return depth;
+  if (forced != 0) return forced;
+  return world == 1 ? kDefaultStagesAlone : kDefaultStagesWithPeers;
 }
 
 int sm_count(int device) {
@@ -235,7 +236,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
       pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method, p0.order);
 
   detail::DeviceGuard guard(s0.device);
-  const int stages = stage_depth();
+  const int stages = stage_depth(world);
   const std::size_t smem =
       shape.vectors_per_thread > 0
           ? detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,

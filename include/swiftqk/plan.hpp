@@ -20,9 +20,12 @@ struct KernelShape {
 /// of shared memory. The scalar path (vec_elems 1) always streams.
 constexpr int64_t kMaxStagedVectors = 2048;
 
-/// Rows of input each token group keeps in flight through shared memory by default (one being
-/// reduced or written, the rest loading); SWIFTQK_STAGES overrides it for tuning runs.
-constexpr int kDefaultStages = 4;
+/// Rows of input each token group stages through shared memory (one being reduced or written,
+/// the rest loading). Fewer stages let more blocks share an SM; on the H200 at 4096 tokens two
+/// were fastest alone and three with peers (whose deferred write holds one more row) of depths
+/// 2-5 (docs/results.md, scripts/tune_stages.sh). SWIFTQK_STAGES overrides both for tuning runs.
+constexpr int kDefaultStagesAlone = 2;
+constexpr int kDefaultStagesWithPeers = 3;
 constexpr int kMinStages = 2;
 constexpr int kMaxStages = 5;
 

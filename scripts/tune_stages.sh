@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Times SwiftQK at every stage depth (SWIFTQK_STAGES, rows each token group stages through shared
-# memory), side by side in one run, optionally against another build of the benchmark, and prints
-# one table: median us per (model, tp, tokens) and depth. Every timed configuration is verified
-# against float64 by the benchmark first; a run with wrong results is reported as such.
-#   bash scripts/tune_stages.sh [tokens] [tp] [depths] [other_bench]
+# memory), side by side in one run, optionally against other builds of the benchmark (run at their
+# default depths, each named by its folder), and prints one table: median us per (model, tp,
+# tokens) and run. Every timed configuration is verified against float64 by the benchmark first;
+# wrong results are counted per run in the table's heading.
+#   bash scripts/tune_stages.sh [tokens] [tp] [depths] [other_bench,...]
 #   e.g. bash scripts/tune_stages.sh 4096,16384 1,2,4,8 2,3,4,5 /path/to/old/swiftqk_bench
 # JSON per run and the table go to $OUT (default ./gpu_out).
 set -uo pipefail
@@ -27,7 +28,8 @@ run() {  # name, then the command
 IFS=, read -ra ds <<<"$depths"
 ref=${ds[0]}
 SWIFTQK_STAGES=$ref run "s${ref}_first" "$bench"
-[ -n "$other" ] && run other "$other"
+IFS=, read -ra others <<<"$other"
+for b in "${others[@]}"; do run "$(basename "$(dirname "$b")")" "$b"; done
 for d in "${ds[@]:1}"; do SWIFTQK_STAGES=$d run "s$d" "$bench"; done
 SWIFTQK_STAGES=$ref run "s${ref}_again" "$bench"
 python3 - "$OUT" "${runs[@]}" <<'EOF' | tee "$OUT/tune_table.txt"

@@ -18,49 +18,55 @@ namespace {
 using detail::LaunchArgs;
 using KernelFn = void (*)(LaunchArgs);
 
-template <typename Tin, int VEC, int VPT, bool kLamport>
+template <typename Tin, int VEC, int VPT, bool kLamport, bool kAlone>
 KernelFn pick_order(NormOrder o) {
-  return o == NormOrder::kOlmo2 ? detail::swiftqk_fused_kernel<Tin, VEC, VPT, true, kLamport>
-                                : detail::swiftqk_fused_kernel<Tin, VEC, VPT, false, kLamport>;
+  return o == NormOrder::kOlmo2
+             ? detail::swiftqk_fused_kernel<Tin, VEC, VPT, true, kLamport, kAlone>
+             : detail::swiftqk_fused_kernel<Tin, VEC, VPT, false, kLamport, kAlone>;
 }
 
+// Alone (a group of one rank) both methods take the exchange-free instantiation.
 template <typename Tin, int VEC, int VPT>
-KernelFn pick_method(Method m, NormOrder o) {
-  return m == Method::kMiniMaxFused ? pick_order<Tin, VEC, VPT, true>(o)
-                                    : pick_order<Tin, VEC, VPT, false>(o);
+KernelFn pick_method(Method m, NormOrder o, bool alone) {
+  if (alone) {
+    return m == Method::kMiniMaxFused ? pick_order<Tin, VEC, VPT, true, true>(o)
+                                      : pick_order<Tin, VEC, VPT, false, true>(o);
+  }
+  return m == Method::kMiniMaxFused ? pick_order<Tin, VEC, VPT, true, false>(o)
+                                    : pick_order<Tin, VEC, VPT, false, false>(o);
 }
 
 template <typename Tin, int VEC>
-KernelFn pick_vpt(int vpt, Method m, NormOrder o) {
+KernelFn pick_vpt(int vpt, Method m, NormOrder o, bool alone) {
   switch (vpt) {
     case 1:
-      return pick_method<Tin, VEC, 1>(m, o);
+      return pick_method<Tin, VEC, 1>(m, o, alone);
     case 2:
-      return pick_method<Tin, VEC, 2>(m, o);
+      return pick_method<Tin, VEC, 2>(m, o, alone);
     case 4:
-      return pick_method<Tin, VEC, 4>(m, o);
+      return pick_method<Tin, VEC, 4>(m, o, alone);
     default:
-      return pick_method<Tin, VEC, 0>(m, o);
+      return pick_method<Tin, VEC, 0>(m, o, alone);
   }
 }
 
 template <typename Tin>
-KernelFn pick_vec(bool vector_path, int vpt, Method m, NormOrder o) {
+KernelFn pick_vec(bool vector_path, int vpt, Method m, NormOrder o, bool alone) {
   constexpr int kVec = 16 / sizeof(Tin);
-  if (vector_path) return pick_vpt<Tin, kVec>(vpt, m, o);
-  return pick_method<Tin, 1, 0>(m, o);  // the scalar path always streams
+  if (vector_path) return pick_vpt<Tin, kVec>(vpt, m, o, alone);
+  return pick_method<Tin, 1, 0>(m, o, alone);  // the scalar path always streams
 }
 
-KernelFn pick_kernel(DType t, bool vector_path, int vpt, Method m, NormOrder o) {
+KernelFn pick_kernel(DType t, bool vector_path, int vpt, Method m, NormOrder o, bool alone) {
   switch (t) {
     case DType::kF32:
-      return pick_vec<float>(vector_path, vpt, m, o);
+      return pick_vec<float>(vector_path, vpt, m, o, alone);
     case DType::kF16:
-      return pick_vec<__half>(vector_path, vpt, m, o);
+      return pick_vec<__half>(vector_path, vpt, m, o, alone);
     case DType::kBF16:
-      return pick_vec<__nv_bfloat16>(vector_path, vpt, m, o);
+      return pick_vec<__nv_bfloat16>(vector_path, vpt, m, o, alone);
     case DType::kF8E4M3:
-      return pick_vec<__nv_fp8_e4m3>(vector_path, vpt, m, o);
+      return pick_vec<__nv_fp8_e4m3>(vector_path, vpt, m, o, alone);
   }
   SWIFTQK_FAIL("unknown dtype");
 }
@@ -233,7 +239,8 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const int64_t qw = p0.q_full_width / world, kw = p0.k_full_width / world;
   const KernelShape shape = choose_kernel_shape(qw, kw, vec);
   const KernelFn fn =
-      pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method, p0.order);
+      pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method, p0.order,
+                  world == 1);
 
   detail::DeviceGuard guard(s0.device);
   const int stages = stage_depth(world);

@@ -17,6 +17,12 @@ namespace swiftqk::detail {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
+/// Register caps of the staged kernel. Alone, 48 (no spills) lets 5 blocks of 256 threads share an
+/// SM instead of 4; with peers the exchange needs 64 (48 spilled and was 1-14% slower at 4096
+/// tokens on the H200, docs/results.md session 4).
+constexpr int kAloneMaxRegs = 48;
+constexpr int kMaxRegs = 64;
+
 /// Element-wise output for either norm order; rs already folds in the input's dequant scale.
 template <typename Tout, bool kOlmo2>
 __device__ __forceinline__ Tout norm_element(float x, float w, float rs) {
@@ -180,19 +186,6 @@ __device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra,
   return true;
 }
 
-/// The scale of a token from its full (q, k) sums of squares: 1/rms times the input's dequant
-/// scale into `rs`, and 1/rms into the optional rstd output when token >= 0.
-__device__ __forceinline__ void store_scale(const LaunchArgs& a, const RankArgs& ra, int64_t token,
-                                            float q, float k, float2& rs) {
-  const float rq = 1.f / sqrtf(q * a.q_inv_full + a.eps);
-  const float rk = 1.f / sqrtf(k * a.k_inv_full + a.eps);
-  rs = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
-  if (token >= 0 && ra.rstd_out != nullptr) {
-    ra.rstd_out[2 * token] = rq;
-    ra.rstd_out[2 * token + 1] = rk;
-  }
-}
-
 /// Asynchronous 16-byte global-to-shared copy (completes per thread at cp_async_wait).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -239,8 +232,10 @@ __device__ __forceinline__ void group_barrier(int g, int threads) {
 /// rows too wide to stage and for the scalar path.
 /// kLamport selects the MiniMax-fused baseline's exchange and schedule (lamport_exchange.cuh, no
 /// deferral) on the same data path, so a comparison isolates the exchange.
-template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport>
-__global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
+/// kAlone (a group of one rank, TP 1) compiles the exchange out: fewer registers, so more blocks
+/// fit an SM where registers are the limit.
+template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport, bool kAlone>
+__global__ void __launch_bounds__(1024) __maxnreg__(kAlone && VPT > 0 ? kAloneMaxRegs : kMaxRegs) swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
   using Tout = typename OutputOf<Tin>::type;
   using InVec = Vec<Tin, VEC>;
   static_assert(VPT == 0 || sizeof(InVec) == 16, "staging moves 16-byte vectors");
@@ -250,7 +245,7 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
   // iteration's partials has passed this iteration's group barrier, which every reader of the
   // same buffer two iterations back had reached after reading it.
   __shared__ float2 s_part[2][32];
-  __shared__ float2 s_rstd[2][32];  // per group: (q, k) 1/rms times the input scale, by parity
+  __shared__ float2 s_rstd[32];  // per group: (q, k) 1/rms times the input scale
   __shared__ int s_abort[32];    // per group: a wait failed, stop
 
   const int slot_rank = blockIdx.x / a.blocks_per_rank;
@@ -276,7 +271,7 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
   if (gt == 0) s_abort[g] = 0;
   if constexpr (kLamport) {
     // The previous call's buffer: every rank finished writing it (this rank read all of it).
-    if (a.world > 1) {
+    if (!kAlone) {
       lamport_clear(a, ra, static_cast<int>((call + kLamportBuffers - 1) % kLamportBuffers),
                     load_volatile(&ra.state->lamport_tokens), lblock);
     }
@@ -317,14 +312,16 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
     }
   };
   auto wrap = [S](int s) { return s >= S ? s - S : s; };
-  // With peers, iteration `it` collects token it-1 (of this group's sequence), reduces and
-  // publishes token it, then writes token it-1, so a token's exchange overlaps the next token's
-  // load and reduction instead of stalling the block, with one group barrier per iteration. Waiting only on tokens this block published an
+  // With peers, iteration `it` reduces and publishes token it (of this group's sequence) and
+  // then collects and writes token it-1, so a token's exchange overlaps the next token's load
+  // and reduction instead of stalling the block. (Collecting token it-1 before reducing token it,
+  // to save the second group barrier, was 10-36% slower at 4096 tokens on virtual ranks: the
+  // collect then comes too soon after the peers' publish and its first look misses.) Waiting only on tokens this block published an
   // iteration earlier keeps the persistent grid deadlock-free (docs/design.md). Alone (TP 1),
   // or with a single iteration, nothing is gained by deferring: a token is written at once and
   // the freed stage lets the loads run one token further ahead.
   const int64_t iterations = first < T ? (T - first + step - 1) / step : 0;
-  const bool defer = !kLamport && a.world > 1 && iterations > 1;  // block-uniform
+  const bool defer = !kLamport && !kAlone && iterations > 1;  // block-uniform
   const int ahead = defer ? S - 2 : S - 1;  // 0 (S = 2 with peers) means no prefetch
   // The first rows' loads go out before the weights are fetched, so the two DRAM round trips
   // overlap (at a few tokens the kernel is one such latency chain).
@@ -352,20 +349,9 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
     const int wstage = defer ? wrap(cur + S - 1) : cur;
     const int par = static_cast<int>(it & 1);
     float sq = 0.f, sk = 0.f;
-    if constexpr (VPT > 0) issue(first + g + (it + ahead) * step, wrap(cur + ahead));
-    // Deferred exchange: the group's first warp collects the previous token's partials (published
-    // an iteration ago, so usually there at the first look) while the other warps already reduce
-    // the current token; the one group barrier below publishes the scale to them.
-    if (defer && gt < 32 && active_write) {
-      float q = 0.f, k = 0.f;
-      if (!collect_partials(a, ra, tw, tag, ktag, bank, q, k)) {
-        if (lane == 0) s_abort[g] = 1;
-      } else if (lane == 0) {
-        store_scale(a, ra, tw, q, k, s_rstd[par][g]);
-      }
-    }
     // Phase A: local sums of squares of the current token.
     if constexpr (VPT > 0) {
+      issue(first + g + (it + ahead) * step, wrap(cur + ahead));
       cp_async_wait_pending(ahead);
       const InVec* x = stage(cur);
 #pragma unroll
@@ -386,43 +372,40 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
     if (lane == 0) s_part[par][warp] = make_float2(sq, sk);
     group_barrier(g, G);
 
-    // The group's (q, k) sums of squares of token t, in warp order (the same in every warp).
-    auto group_sums = [&](float& q, float& k) {
-      q = 0.f;
-      k = 0.f;
-      for (int j = 0; j < warps_per_group; ++j) {
-        const float2 p = s_part[par][g * warps_per_group + j];
-        q += p.x;
-        k += p.y;
-      }
-      q *= ra.q_in_scale * ra.q_in_scale;
-      k *= ra.k_in_scale * ra.k_in_scale;
-    };
     float2 rs = make_float2(0.f, 0.f);
-    if (a.world == 1) {
+    if constexpr (kAlone) {
       // Alone, every warp sums its group's partials itself (same order, same value in every
       // warp): no second barrier and no warp waiting on the first one's square root.
       if (active_write) {
-        float q, k;
-        group_sums(q, k);
-        float2 r;
-        store_scale(a, ra, gt == 0 ? tw : -1, q, k, r);
-        rs = r;
+        float q = 0.f, k = 0.f;
+        for (int j = 0; j < warps_per_group; ++j) {
+          const float2 p = s_part[par][g * warps_per_group + j];
+          q += p.x;
+          k += p.y;
+        }
+        q *= ra.q_in_scale * ra.q_in_scale;
+        k *= ra.k_in_scale * ra.k_in_scale;
+        const float rq = 1.f / sqrtf(q * a.q_inv_full + a.eps);
+        const float rk = 1.f / sqrtf(k * a.k_inv_full + a.eps);
+        rs = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
+        if (gt == 0 && ra.rstd_out != nullptr) {
+          ra.rstd_out[2 * tw] = rq;
+          ra.rstd_out[2 * tw + 1] = rk;
+        }
       }
-    } else if (defer) {
-      if (s_abort[g]) break;  // group-uniform: written before the barrier, read after it
-      if (gt < 32 && active) {
-        float q, k;
-        group_sums(q, k);
-        publish_partials(a, ra, t, tag, ktag, bank, q, k);
-      }
-      rs = s_rstd[par][g];
     } else {
-      // One iteration (or the MiniMax-fused schedule): publish the token, then wait for it.
+      // Phase B, by the group's first warp: publish the current token, then collect the token
+      // to write (the previous one when deferring, so usually already there).
       if (gt < 32) {
         float q = 0.f, k = 0.f;
         if (active) {
-          group_sums(q, k);
+          for (int j = 0; j < warps_per_group; ++j) {
+            const float2 p = s_part[par][g * warps_per_group + j];
+            q += p.x;
+            k += p.y;
+          }
+          q *= ra.q_in_scale * ra.q_in_scale;
+          k *= ra.k_in_scale * ra.k_in_scale;
           if constexpr (kLamport) {
             lamport_publish(a, ra, t, static_cast<int>(call), q, k);
           } else {
@@ -440,12 +423,18 @@ __global__ void __launch_bounds__(1024) swiftqk_fused_kernel(const __grid_consta
         if (!ok) {
           if (lane == 0) s_abort[g] = 1;
         } else if (active_write && lane == 0) {
-          store_scale(a, ra, tw, q, k, s_rstd[par][g]);
+          const float rq = 1.f / sqrtf(q * a.q_inv_full + a.eps);
+          const float rk = 1.f / sqrtf(k * a.k_inv_full + a.eps);
+          s_rstd[g] = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
+          if (ra.rstd_out != nullptr) {
+            ra.rstd_out[2 * tw] = rq;
+            ra.rstd_out[2 * tw + 1] = rk;
+          }
         }
       }
       group_barrier(g, G);
       if (s_abort[g]) break;  // group-uniform: every thread of the group read it after the barrier
-      rs = s_rstd[par][g];
+      rs = s_rstd[g];
     }
 
     // Phase C for the written token: scale, weight, round once (Olmo2) or twice (Llama).

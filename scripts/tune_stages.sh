@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Times SwiftQK at every stage depth (SWIFTQK_STAGES, rows each token group stages through shared
-# memory), side by side in one run, optionally against other builds of the benchmark (run at their
-# default depths, each named by its folder), and prints one table: median us per (model, tp,
-# tokens) and run. Every timed configuration is verified against float64 by the benchmark first;
-# wrong results are counted per run in the table's heading.
-#   bash scripts/tune_stages.sh [tokens] [tp] [depths] [other_bench,...]
-#   e.g. bash scripts/tune_stages.sh 4096,16384 1,2,4,8 2,3,4,5 /path/to/old/swiftqk_bench
+# Times SwiftQK at several launch shapes side by side in one run: stage depths (SWIFTQK_STAGES,
+# rows each token group stages through shared memory) and block sizes (SWIFTQK_BLOCK_THREADS),
+# optionally against other builds of the benchmark (run at their defaults, each named by its
+# folder), and prints one table: median us per (model, tp, tokens) and run. Every timed
+# configuration is verified against float64 by the benchmark first; wrong results are counted
+# per run in the table's heading.
+#   bash scripts/tune_stages.sh [tokens] [tp] [shapes] [other_bench,...]
+# A shape is DEPTH or DEPTH/THREADS, DEPTH "d" meaning the library's default; the first shape
+# runs first and again last, the difference being the noise.
+#   e.g. bash scripts/tune_stages.sh 4096 1,2,4,8 d,2,3,d/128,d/512 /path/to/old/swiftqk_bench
 # JSON per run and the table go to $OUT (default ./gpu_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tokens=${1:-4096}
 tps=${2:-1,2,4,8}
-depths=${3:-2,3,4,5}
+depths=${3:-d,2,3,4,5}
 other=${4:-}
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -24,14 +27,19 @@ run() {  # name, then the command
     || echo "run $name failed: $(tail -2 "$OUT/tune_$name.log")"
   runs+=("$name")
 }
-# The reference depth runs first and last: the difference between the two is the noise.
+shape_run() {  # shape, run name suffix
+  local depth=${1%%/*} threads= name
+  [ "$1" != "$depth" ] && threads=${1#*/}
+  name="s$depth${threads:+_b$threads}$2"
+  SWIFTQK_STAGES=$([ "$depth" = d ] || echo "$depth") SWIFTQK_BLOCK_THREADS=$threads \
+    run "$name" "$bench"
+}
 IFS=, read -ra ds <<<"$depths"
-ref=${ds[0]}
-SWIFTQK_STAGES=$ref run "s${ref}_first" "$bench"
+shape_run "${ds[0]}" _first
 IFS=, read -ra others <<<"$other"
 for b in "${others[@]}"; do run "$(basename "$(dirname "$b")")" "$b"; done
-for d in "${ds[@]:1}"; do SWIFTQK_STAGES=$d run "s$d" "$bench"; done
-SWIFTQK_STAGES=$ref run "s${ref}_again" "$bench"
+for d in "${ds[@]:1}"; do shape_run "$d" ""; done
+shape_run "${ds[0]}" _again
 python3 - "$OUT" "${runs[@]}" <<'EOF' | tee "$OUT/tune_table.txt"
 import json, os, sys
 out, names = sys.argv[1], sys.argv[2:]

@@ -114,12 +114,28 @@ int stage_depth(int world) {
     const long v = std::strtol(e, &end, 10);
     SWIFTQK_EXPECTS(*end == '\0' && v >= kMinStages && v <= kMaxStages,
                     std::string("SWIFTQK_STAGES=") + e + " is not a stage depth from " +
-                        std::to_string(kMinStages) + " to " +
-                        std::to_string(kMaxStages));
+                        std::to_string(kMinStages) + " to " + std::to_string(kMaxStages));
     return static_cast<int>(v);
   }();
   if (forced != 0) return forced;
   return world == 1 ? kDefaultStagesAlone : kDefaultStagesWithPeers;
+}
+
+// Threads per block the shape aims at; SWIFTQK_BLOCK_THREADS (32..1024) overrides it, for tuning
+// runs, like SWIFTQK_STAGES.
+int block_threads_target(int world) {
+  static const int forced = [] {
+    const char* e = std::getenv("SWIFTQK_BLOCK_THREADS");
+    if (e == nullptr || *e == '\0') return 0;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    SWIFTQK_EXPECTS(
+        *end == '\0' && v >= 32 && v <= 1024,
+        std::string("SWIFTQK_BLOCK_THREADS=") + e + " is not a thread count from 32 to 1024");
+    return static_cast<int>(v);
+  }();
+  if (forced != 0) return forced;
+  return world == 1 ? kDefaultBlockThreadsAlone : kDefaultBlockThreads;
 }
 
 int sm_count(int device) {
@@ -237,18 +253,16 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   for (const QkNormParams& p : params) vector_path = vector_path && vector_bytes_for(p) == 16;
   const int vec = vector_path ? static_cast<int>(16 / dtype_size(p0.in_dtype)) : 1;
   const int64_t qw = p0.q_full_width / world, kw = p0.k_full_width / world;
-  const KernelShape shape = choose_kernel_shape(qw, kw, vec);
-  const KernelFn fn =
-      pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method, p0.order,
-                  world == 1);
+  const KernelShape shape = choose_kernel_shape(qw, kw, vec, block_threads_target(world));
+  const KernelFn fn = pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method,
+                                  p0.order, world == 1);
 
   detail::DeviceGuard guard(s0.device);
   const int stages = stage_depth(world);
   const std::size_t smem =
       shape.vectors_per_thread > 0
           ? detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
-                                      (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)),
-                                      stages)
+                                      (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)), stages)
           : 0;
   const int occ = max_blocks_per_sm(fn, shape.block_threads(), smem, s0.device);
 

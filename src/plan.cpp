@@ -13,9 +13,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int round_up_32(int64_t v) { return static_cast<int>(ceil_div(v, 32) * 32); }
 }  // namespace
 
-KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems) {
+KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
+                                int block_threads) {
   SWIFTQK_EXPECTS(vec_elems >= 1 && q_width % vec_elems == 0 && k_width % vec_elems == 0,
                   "choose_kernel_shape: widths must be multiples of the vector size");
+  SWIFTQK_EXPECTS(block_threads >= 32 && block_threads <= 1024,
+                  "choose_kernel_shape: block_threads must be in [32, 1024]");
   const int64_t n = q_width / vec_elems + k_width / vec_elems;
   SWIFTQK_EXPECTS(n > 0, "choose_kernel_shape: empty rows");
   KernelShape s;
@@ -35,7 +38,7 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems)
     s.vectors_per_thread = 4;
     s.group_threads = round_up_32(ceil_div(n, 4));
   }
-  s.tokens_per_block = std::min(kMaxGroupsPerBlock, std::max(1, 256 / s.group_threads));
+  s.tokens_per_block = std::min(kMaxGroupsPerBlock, std::max(1, block_threads / s.group_threads));
   return s;
 }
 

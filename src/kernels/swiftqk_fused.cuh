@@ -22,6 +22,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 /// tokens on the H200, docs/results.md session 4).
 constexpr int kAloneMaxRegs = 48;
 constexpr int kMaxRegs = 64;
+constexpr int max_regs(bool alone, int vpt) { return alone && vpt > 0 ? kAloneMaxRegs : kMaxRegs; }
 
 /// Element-wise output for either norm order; rs already folds in the input's dequant scale.
 template <typename Tout, bool kOlmo2>
@@ -212,11 +213,21 @@ constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_
 /// Waits until at most n of this thread's cp.async groups are pending (n is an immediate in PTX).
 __device__ __forceinline__ void cp_async_wait_pending(int n) {
   switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    default: cp_async_wait<kMaxStages - 1>(); break;
+    case 0:
+      cp_async_wait<0>();
+      break;
+    case 1:
+      cp_async_wait<1>();
+      break;
+    case 2:
+      cp_async_wait<2>();
+      break;
+    case 3:
+      cp_async_wait<3>();
+      break;
+    default:
+      cp_async_wait<kMaxStages - 1>();
+      break;
   }
 }
 
@@ -235,7 +246,8 @@ __device__ __forceinline__ void group_barrier(int g, int threads) {
 /// kAlone (a group of one rank, TP 1) compiles the exchange out: fewer registers, so more blocks
 /// fit an SM where registers are the limit.
 template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport, bool kAlone>
-__global__ void __launch_bounds__(1024) __maxnreg__(kAlone && VPT > 0 ? kAloneMaxRegs : kMaxRegs) swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
+__global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
+    swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
   using Tout = typename OutputOf<Tin>::type;
   using InVec = Vec<Tin, VEC>;
   static_assert(VPT == 0 || sizeof(InVec) == 16, "staging moves 16-byte vectors");
@@ -316,10 +328,10 @@ __global__ void __launch_bounds__(1024) __maxnreg__(kAlone && VPT > 0 ? kAloneMa
   // then collects and writes token it-1, so a token's exchange overlaps the next token's load
   // and reduction instead of stalling the block. (Collecting token it-1 before reducing token it,
   // to save the second group barrier, was 10-36% slower at 4096 tokens on virtual ranks: the
-  // collect then comes too soon after the peers' publish and its first look misses.) Waiting only on tokens this block published an
-  // iteration earlier keeps the persistent grid deadlock-free (docs/design.md). Alone (TP 1),
-  // or with a single iteration, nothing is gained by deferring: a token is written at once and
-  // the freed stage lets the loads run one token further ahead.
+  // collect then comes too soon after the peers' publish and its first look misses.) Waiting only
+  // on tokens this block published an iteration earlier keeps the persistent grid deadlock-free
+  // (docs/design.md). Alone (TP 1), or with a single iteration, nothing is gained by deferring: a
+  // token is written at once and the freed stage lets the loads run one token further ahead.
   const int64_t iterations = first < T ? (T - first + step - 1) / step : 0;
   const bool defer = !kLamport && !kAlone && iterations > 1;  // block-uniform
   const int ahead = defer ? S - 2 : S - 1;  // 0 (S = 2 with peers) means no prefetch

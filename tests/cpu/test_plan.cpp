@@ -120,6 +120,22 @@ TEST(ChooseKernelShape, KnownShapes) {
   EXPECT_EQ(s.block_threads(), 1024);
 }
 
+TEST(ChooseKernelShape, BlockThreadsSetsGroupsPerBlock) {
+  // OLMoE alone (TP 1): 2048 + 2048 bf16 = 512 vectors, 128-thread groups.
+  EXPECT_EQ(choose_kernel_shape(2048, 2048, 8, kDefaultBlockThreads).tokens_per_block, 2);
+  EXPECT_EQ(choose_kernel_shape(2048, 2048, 8, kDefaultBlockThreadsAlone).tokens_per_block, 3);
+  // OLMo3-32B alone: 5120 + 1024 = 768 vectors, 192-thread groups: one per 256, two per 384.
+  EXPECT_EQ(choose_kernel_shape(5120, 1024, 8, 256).tokens_per_block, 1);
+  EXPECT_EQ(choose_kernel_shape(5120, 1024, 8, 384).tokens_per_block, 2);
+  // A group wider than the target still gets a block; one-warp groups stop at the barrier count.
+  EXPECT_EQ(choose_kernel_shape(5120, 5120, 8, 32).tokens_per_block, 1);
+  EXPECT_EQ(choose_kernel_shape(256, 128, 8, 1024).tokens_per_block, kMaxGroupsPerBlock);
+  for (int bad : {0, 31, 1025}) {
+    EXPECT_TRUE(ThrowsErrorWith([&] { choose_kernel_shape(2048, 2048, 8, bad); },
+                                "block_threads must be in [32, 1024]"));
+  }
+}
+
 TEST(ChooseKernelShape, BoundariesOfEachRegime) {
   // n = vectors per row; the q/k split does not matter, only the total.
   for (int64_t n : {1,   2,   31,  32,  33,   63,   64,   65,   127,  128,   129,

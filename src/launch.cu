@@ -1,5 +1,4 @@
 // Host side of a QK-norm launch: checks, chunking by workspace capacity, kernel choice, grid.
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -104,36 +103,17 @@ int max_blocks_per_sm(KernelFn fn, int block, std::size_t smem, int device) {
   return n;
 }
 
-// Rows staged per token group. SWIFTQK_STAGES (2..5) overrides the default, for tuning runs of
-// the benchmark; anything else there is an error rather than silently ignored.
+// Rows staged per token group; SWIFTQK_STAGES overrides the default, for tuning runs.
 int stage_depth(int world) {
-  static const int forced = [] {
-    const char* e = std::getenv("SWIFTQK_STAGES");
-    if (e == nullptr || *e == '\0') return 0;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    SWIFTQK_EXPECTS(*end == '\0' && v >= kMinStages && v <= kMaxStages,
-                    std::string("SWIFTQK_STAGES=") + e + " is not a stage depth from " +
-                        std::to_string(kMinStages) + " to " + std::to_string(kMaxStages));
-    return static_cast<int>(v);
-  }();
+  static const int forced =
+      tuning_override("SWIFTQK_STAGES", kMinStages, kMaxStages, "a stage depth");
   if (forced != 0) return forced;
   return world == 1 ? kDefaultStagesAlone : kDefaultStagesWithPeers;
 }
 
-// Threads per block the shape aims at; SWIFTQK_BLOCK_THREADS (32..1024) overrides it, for tuning
-// runs, like SWIFTQK_STAGES.
+// Threads per block the shape aims at; SWIFTQK_BLOCK_THREADS overrides it, for tuning runs.
 int block_threads_target(int world) {
-  static const int forced = [] {
-    const char* e = std::getenv("SWIFTQK_BLOCK_THREADS");
-    if (e == nullptr || *e == '\0') return 0;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    SWIFTQK_EXPECTS(
-        *end == '\0' && v >= 32 && v <= 1024,
-        std::string("SWIFTQK_BLOCK_THREADS=") + e + " is not a thread count from 32 to 1024");
-    return static_cast<int>(v);
-  }();
+  static const int forced = tuning_override("SWIFTQK_BLOCK_THREADS", 32, 1024, "a thread count");
   if (forced != 0) return forced;
   return world == 1 ? kDefaultBlockThreadsAlone : kDefaultBlockThreads;
 }

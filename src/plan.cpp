@@ -1,6 +1,8 @@
 #include "swiftqk/plan.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -12,6 +14,18 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int round_up_32(int64_t v) { return static_cast<int>(ceil_div(v, 32) * 32); }
 }  // namespace
+
+int tuning_override(const char* name, int lo, int hi, const char* what) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return 0;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  const bool digits_only = std::isdigit(static_cast<unsigned char>(e[0])) && *end == '\0';
+  SWIFTQK_EXPECTS(digits_only && v >= lo && v <= hi, std::string(name) + "=" + e + " is not " +
+                                                         what + " from " + std::to_string(lo) +
+                                                         " to " + std::to_string(hi));
+  return static_cast<int>(v);
+}
 
 KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
                                 int block_threads) {

@@ -40,6 +40,11 @@ constexpr int kMaxGroupsPerBlock = 15;
 constexpr int kDefaultBlockThreads = 256;
 constexpr int kDefaultBlockThreadsAlone = 384;
 
+/// @brief A launch-tuning override from the environment (SWIFTQK_STAGES, SWIFTQK_BLOCK_THREADS):
+/// 0 when `name` is unset or empty, else its value, which must be a whole number in [lo, hi];
+/// anything else throws an Error naming the variable rather than being ignored.
+int tuning_override(const char* name, int lo, int hi, const char* what);
+
 /// @brief Picks the thread layout for local widths q_width/k_width moved vec_elems at a time;
 /// a block holds as many token groups as fit block_threads (at least one, at most
 /// kMaxGroupsPerBlock).

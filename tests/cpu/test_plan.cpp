@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <utility>
@@ -134,6 +135,25 @@ TEST(ChooseKernelShape, BlockThreadsSetsGroupsPerBlock) {
     EXPECT_TRUE(ThrowsErrorWith([&] { choose_kernel_shape(2048, 2048, 8, bad); },
                                 "block_threads must be in [32, 1024]"));
   }
+}
+
+TEST(TuningOverride, UnsetMeansDefaultAndBadValuesAreRefused) {
+  const char* var = "SWIFTQK_TEST_TUNING_OVERRIDE";
+  unsetenv(var);
+  EXPECT_EQ(tuning_override(var, 2, 5, "a stage depth"), 0);
+  setenv(var, "", 1);
+  EXPECT_EQ(tuning_override(var, 2, 5, "a stage depth"), 0);
+  for (const char* good : {"2", "3", "5"}) {
+    setenv(var, good, 1);
+    EXPECT_EQ(tuning_override(var, 2, 5, "a stage depth"), std::atoi(good));
+  }
+  for (const char* bad : {"1", "6", "-3", "3x", "x", " 3", "99999999999999999999"}) {
+    setenv(var, bad, 1);
+    EXPECT_TRUE(ThrowsErrorWith([&] { tuning_override(var, 2, 5, "a stage depth"); },
+                                std::string(var) + "=" + bad + " is not a stage depth from 2 to 5"))
+        << bad;
+  }
+  unsetenv(var);
 }
 
 TEST(ChooseKernelShape, BoundariesOfEachRegime) {

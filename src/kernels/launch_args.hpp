@@ -58,7 +58,7 @@ struct LaunchArgs {
   int blocks_per_rank;  // blockIdx.x / blocks_per_rank picks r[]
   int group_threads;    // threads per token row
   int tokens_per_block;
-  int stages;  // rows staged per group (kMinStages..kMaxStages), vector path
+  int stages;                    // rows staged per group (kMinStages..kMaxStages), vector path
   int order;                     // NormOrder
   int64_t tokens;                // rows in this launch (one chunk)
   int64_t q_width, k_width;      // local widths in elements

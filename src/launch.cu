@@ -267,8 +267,9 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.eps = p0.eps;
   a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
 
-  for (int64_t first = 0; first < p0.tokens; first += cap) {
-    const int64_t chunk = std::min(cap, p0.tokens - first);
+  const int64_t per_launch = std::min(cap, kMaxLaunchTokens);
+  for (int64_t first = 0; first < p0.tokens; first += per_launch) {
+    const int64_t chunk = std::min(per_launch, p0.tokens - first);
     const GridPlan g = plan_grid(chunk, ranks, shape.tokens_per_block, occ, sm_count(s0.device),
                                  s0.config.sm_budget);
     a.tokens = chunk;

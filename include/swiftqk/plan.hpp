@@ -29,6 +29,10 @@ constexpr int kDefaultStagesWithPeers = 3;
 constexpr int kMinStages = 2;
 constexpr int kMaxStages = 5;
 
+/// Tokens one kernel launch covers at most: longer calls are split into launches of this many
+/// (like workspace chunks), so the kernel indexes tokens and vectors with 32-bit integers.
+constexpr int64_t kMaxLaunchTokens = int64_t{1} << 30;
+
 /// Token groups a block may hold: each group synchronises on its own hardware barrier (1..15;
 /// barrier 0 is the whole block's).
 constexpr int kMaxGroupsPerBlock = 15;

@@ -96,12 +96,15 @@ struct PairOf<__nv_bfloat16> {
     memcpy(&u, &p, sizeof(u));
     return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
   }
+  // Correctly rounded packed product (mul.rn.bf16x2 on sm_90, an fma with -0 before).
+  static __device__ __forceinline__ type mul(type a, type b) { return __hmul2_rn(a, b); }
 };
 template <>
 struct PairOf<__half> {
   using type = __half2;
   static __device__ __forceinline__ type pack(float a, float b) { return __floats2half2_rn(a, b); }
   static __device__ __forceinline__ float2 unpack(type p) { return __half22float2(p); }
+  static __device__ __forceinline__ type mul(type a, type b) { return __hmul2_rn(a, b); }
 };
 
 /// x rounded to T and back: the intermediate rounding of the Llama order.

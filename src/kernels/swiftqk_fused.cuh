@@ -92,8 +92,10 @@ __device__ __forceinline__ void accumulate(const Vec<Tin, VEC>& x, bool is_q, fl
 }
 
 /// The normalised output vector of input x and weights w for scale r. For 2-byte outputs the
-/// roundings go two at a time (one packed conversion each); every value is the same as
-/// element-wise norm_element gives.
+/// roundings go two at a time (one packed conversion each), and the Llama order's weight product
+/// is one packed multiply: the product of two 2-byte floats is exact in fp32, so rounding it once
+/// gives what the packed multiply gives (outside fp32's subnormal range, which these products
+/// do not reach in practice). Every value matches element-wise norm_element.
 template <typename Tin, typename Tout, int VEC, bool kOlmo2>
 __device__ __forceinline__ Vec<Tout, VEC> normalize_vec(const Vec<Tin, VEC>& x,
                                                         const Vec<Tout, VEC>& w, float r) {
@@ -107,15 +109,14 @@ __device__ __forceinline__ Vec<Tout, VEC> normalize_vec(const Vec<Tin, VEC>& x,
     vec_to_floats(x, xf);
 #pragma unroll
     for (int e = 0; e < VEC / 2; ++e) {
-      const float2 wf = P::unpack(w2[e]);
-      float a = xf[2 * e] * r;
-      float b = xf[2 * e + 1] * r;
-      if constexpr (!kOlmo2) {  // Llama: the normalised value is rounded before the weight
-        const float2 rounded = P::unpack(P::pack(a, b));
-        a = rounded.x;
-        b = rounded.y;
+      const float a = xf[2 * e] * r;
+      const float b = xf[2 * e + 1] * r;
+      if constexpr (kOlmo2) {
+        const float2 wf = P::unpack(w2[e]);
+        y2[e] = P::pack(wf.x * a, wf.y * b);
+      } else {  // Llama: the normalised value is rounded, then multiplied by the weight
+        y2[e] = P::mul(P::pack(a, b), w2[e]);
       }
-      y2[e] = P::pack(wf.x * a, wf.y * b);
     }
   } else {
 #pragma unroll
@@ -212,22 +213,16 @@ constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_
 
 /// Waits until at most n of this thread's cp.async groups are pending (n is an immediate in PTX).
 __device__ __forceinline__ void cp_async_wait_pending(int n) {
-  switch (n) {
-    case 0:
-      cp_async_wait<0>();
-      break;
-    case 1:
-      cp_async_wait<1>();
-      break;
-    case 2:
-      cp_async_wait<2>();
-      break;
-    case 3:
-      cp_async_wait<3>();
-      break;
-    default:
-      cp_async_wait<kMaxStages - 1>();
-      break;
+  if (n == 1) {  // the default depths (2 alone, 3 with peers and deferral) come here
+    cp_async_wait<1>();
+  } else if (n == 0) {
+    cp_async_wait<0>();
+  } else if (n == 2) {
+    cp_async_wait<2>();
+  } else if (n == 3) {
+    cp_async_wait<3>();
+  } else {
+    cp_async_wait<kMaxStages - 1>();
   }
 }
 
@@ -235,6 +230,27 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
 /// sums goes on without waiting for the block's other groups; barrier 0 stays __syncthreads.
 __device__ __forceinline__ void group_barrier(int g, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(1 + g), "r"(threads) : "memory");
+}
+
+/// Sum over a token group's warps of their (q, k) partials, the same bits in every lane of every
+/// warp: lane l takes warp (l mod p)'s partial (p = warps rounded up to a power of two, missing
+/// warps add zero) and a butterfly adds them. Each pairwise add is commutative, so every lane
+/// ends with the same value, and no warp waits on another to have summed.
+__device__ __forceinline__ float2 group_sum(const float2* parts, int warps, int warps_pow2,
+                                            int lane) {
+  const int j = lane & (warps_pow2 - 1);
+  float2 v = j < warps ? parts[j] : make_float2(0.f, 0.f);
+  for (int off = 1; off < warps_pow2; off <<= 1) {
+    v.x += __shfl_xor_sync(kFullMask, v.x, off);
+    v.y += __shfl_xor_sync(kFullMask, v.y, off);
+  }
+  return v;
+}
+
+/// 1 / rms of a row from its full sum of squares (the same instruction on every rank, so every
+/// rank's scale is bitwise the same).
+__device__ __forceinline__ float inv_rms(float sum_sq, float inv_full, float eps) {
+  return rsqrtf(sum_sq * inv_full + eps);
 }
 
 /// VPT > 0 (vector path): rows are staged through shared memory a.stages tokens deep with
@@ -245,11 +261,14 @@ __device__ __forceinline__ void group_barrier(int g, int threads) {
 /// deferral) on the same data path, so a comparison isolates the exchange.
 /// kAlone (a group of one rank, TP 1) compiles the exchange out: fewer registers, so more blocks
 /// fit an SM where registers are the limit.
+/// Token and vector indices are 32-bit (the host splits launches at kMaxLaunchTokens): the
+/// kernel is short of issue slots, and 64-bit index arithmetic was a third of its instructions.
 template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport, bool kAlone>
 __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
     swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
   using Tout = typename OutputOf<Tin>::type;
   using InVec = Vec<Tin, VEC>;
+  using OutVec = Vec<Tout, VEC>;
   static_assert(VPT == 0 || sizeof(InVec) == 16, "staging moves 16-byte vectors");
   // Dynamic shared memory: [stages][tokens_per_block][n] input vectors, then the weights.
   extern __shared__ uint4 s_stage[];
@@ -269,17 +288,19 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int warps_per_group = G >> 5;
-  const int64_t nq = a.q_width / VEC;
-  const int64_t n = nq + a.k_width / VEC;
-  const int64_t T = a.tokens;
+  int warps_pow2 = 1;
+  while (warps_pow2 < warps_per_group) warps_pow2 <<= 1;
+  const int nq = static_cast<int>(a.q_width / VEC);
+  const int n = nq + static_cast<int>(a.k_width / VEC);
+  const int T = static_cast<int>(a.tokens);
   const int S = a.stages;
 
   const uint32_t call = load_volatile(kLamport ? &ra.state->lamport_call : &ra.state->call);
   const uint32_t tag = tag_for_call(call);
   const uint32_t ktag = tag ^ a.config_hash;
   const int bank = bank_for_call(call);
-  const int64_t step = static_cast<int64_t>(a.blocks_per_rank) * a.tokens_per_block;
-  const int64_t first = static_cast<int64_t>(lblock) * a.tokens_per_block;
+  const int step = a.blocks_per_rank * a.tokens_per_block;
+  const int first = lblock * a.tokens_per_block;
   if (gt == 0) s_abort[g] = 0;
   if constexpr (kLamport) {
     // The previous call's buffer: every rank finished writing it (this rank read all of it).
@@ -290,26 +311,24 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   }
 
   // This thread's vector slots are the same for every token: whether slot v lies in the row, in
-  // Q or K, and its element offset there. Per token only the two row starts are computed, not a
-  // 64-bit product per vector (the kernel is short of issue slots, not of bandwidth, at 4096+).
+  // Q or K, and its element offset there. Per token only the two row starts are computed.
   constexpr int kSlots = VPT > 0 ? VPT : 1;
   bool v_in[kSlots], v_q[kSlots];
   int v_off[kSlots];
 #pragma unroll
   for (int v = 0; v < kSlots; ++v) {
-    const int64_t i = gt + static_cast<int64_t>(v) * G;
+    const int i = gt + v * G;
     v_in[v] = VPT > 0 && i < n;
     v_q[v] = i < nq;
-    v_off[v] = static_cast<int>((i < nq ? i : i - nq) * VEC);
+    v_off[v] = (v_q[v] ? i : i - nq) * VEC;
   }
 
-  // This thread's vectors of stage s (only the thread that copies a vector ever reads it, so
-  // cp_async_wait alone makes it visible; no barrier is needed for the data).
-  auto stage = [&](int s) {
-    return reinterpret_cast<InVec*>(s_stage) +
-           (static_cast<int64_t>(s) * a.tokens_per_block + g) * n;
-  };
-  auto issue = [&](int64_t tk, int s) {
+  // This thread's vector 0 of stage s; its slot v is G vectors further (only the thread that
+  // copies a vector ever reads it, so cp_async_wait alone makes it visible: no barrier).
+  InVec* const my_stage0 = reinterpret_cast<InVec*>(s_stage) + g * n + gt;
+  const int stage_vectors = a.tokens_per_block * n;
+  auto stage = [&](int s) { return my_stage0 + s * stage_vectors; };
+  auto issue = [&](int tk, int s) {
     if constexpr (VPT > 0) {
       if (tk < T) {
         InVec* dst = stage(s);
@@ -317,7 +336,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
         const Tin* k_row = static_cast<const Tin*>(ra.k_in) + tk * ra.k_in_stride;
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
-          if (v_in[v]) cp_async16(dst + gt + v * G, (v_q[v] ? q_row : k_row) + v_off[v]);
+          if (v_in[v]) cp_async16(dst + v * G, (v_q[v] ? q_row : k_row) + v_off[v]);
         }
       }
       cp_async_commit();  // empty groups keep the group count uniform
@@ -332,7 +351,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   // on tokens this block published an iteration earlier keeps the persistent grid deadlock-free
   // (docs/design.md). Alone (TP 1), or with a single iteration, nothing is gained by deferring: a
   // token is written at once and the freed stage lets the loads run one token further ahead.
-  const int64_t iterations = first < T ? (T - first + step - 1) / step : 0;
+  const int iterations = first < T ? (T - first + step - 1) / step : 0;
   const bool defer = !kLamport && !kAlone && iterations > 1;  // block-uniform
   const int ahead = defer ? S - 2 : S - 1;  // 0 (S = 2 with peers) means no prefetch
   // The first rows' loads go out before the weights are fetched, so the two DRAM round trips
@@ -341,37 +360,37 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
 
   // Every token uses the same weight slice: it is read from global memory once per block, into
   // shared memory after the stages (re-reading it per token doubled the L2 traffic).
-  using OutVec = Vec<Tout, VEC>;
-  OutVec* s_weight = reinterpret_cast<OutVec*>(reinterpret_cast<InVec*>(s_stage) +
-                                               static_cast<int64_t>(S) * a.tokens_per_block * n);
+  OutVec* s_weight = reinterpret_cast<OutVec*>(reinterpret_cast<InVec*>(s_stage) + S * stage_vectors);
   if constexpr (VPT > 0) {
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
       store_vec(s_weight + i, load_vec(weight_vec<Tout, VEC>(ra, i, nq)));
     }
   }
   __syncthreads();  // the weights, and s_abort, before any group reads them
+  const OutVec* const my_weight = s_weight + gt;
 
   // The stage of the reduced token (cur), of the written one (wstage) and of the next load.
   int cur = 0;
-  for (int64_t it = 0; it < iterations + (defer ? 1 : 0); ++it) {
-    const int64_t t = first + it * step + g;  // the token reduced and published
-    const int64_t tw = defer ? t - step : t;  // the token collected and written
+  const int last = iterations + (defer ? 1 : 0);
+  for (int it = 0; it < last; ++it) {
+    const int t = first + it * step + g;  // the token reduced and published
+    const int tw = defer ? t - step : t;  // the token collected and written
     const bool active = it < iterations && t < T;
     const bool active_write = tw >= 0 && tw < T && (!defer || it > 0);
     const int wstage = defer ? wrap(cur + S - 1) : cur;
-    const int par = static_cast<int>(it & 1);
+    const int par = it & 1;
     float sq = 0.f, sk = 0.f;
     // Phase A: local sums of squares of the current token.
     if constexpr (VPT > 0) {
-      issue(first + g + (it + ahead) * step, wrap(cur + ahead));
+      issue(t + ahead * step, wrap(cur + ahead));
       cp_async_wait_pending(ahead);
       const InVec* x = stage(cur);
 #pragma unroll
       for (int v = 0; v < VPT; ++v) {
-        if (active && v_in[v]) accumulate<Tin, VEC>(load_vec(x + gt + v * G), v_q[v], sq, sk);
+        if (active && v_in[v]) accumulate<Tin, VEC>(load_vec(x + v * G), v_q[v], sq, sk);
       }
     } else if (active) {
-      for (int64_t i = gt; i < n; i += G) {
+      for (int i = gt; i < n; i += G) {
         accumulate<Tin, VEC>(load_vec(row_vec<Tin, VEC>(ra, t, i, nq)), i < nq, sq, sk);
       }
     }
@@ -386,23 +405,17 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
 
     float2 rs = make_float2(0.f, 0.f);
     if constexpr (kAlone) {
-      // Alone, every warp sums its group's partials itself (same order, same value in every
-      // warp): no second barrier and no warp waiting on the first one's square root.
+      // Alone, every warp sums its group's partials itself (same bits in every warp): no
+      // second barrier and no warp waiting on the first one's square root.
       if (active_write) {
-        float q = 0.f, k = 0.f;
-        for (int j = 0; j < warps_per_group; ++j) {
-          const float2 p = s_part[par][g * warps_per_group + j];
-          q += p.x;
-          k += p.y;
-        }
-        q *= ra.q_in_scale * ra.q_in_scale;
-        k *= ra.k_in_scale * ra.k_in_scale;
-        const float rq = 1.f / sqrtf(q * a.q_inv_full + a.eps);
-        const float rk = 1.f / sqrtf(k * a.k_inv_full + a.eps);
+        const float2 p = group_sum(&s_part[par][g * warps_per_group], warps_per_group,
+                                   warps_pow2, lane);
+        const float rq = inv_rms(p.x * ra.q_in_scale * ra.q_in_scale, a.q_inv_full, a.eps);
+        const float rk = inv_rms(p.y * ra.k_in_scale * ra.k_in_scale, a.k_inv_full, a.eps);
         rs = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
         if (gt == 0 && ra.rstd_out != nullptr) {
-          ra.rstd_out[2 * tw] = rq;
-          ra.rstd_out[2 * tw + 1] = rk;
+          ra.rstd_out[2 * static_cast<int64_t>(tw)] = rq;
+          ra.rstd_out[2 * static_cast<int64_t>(tw) + 1] = rk;
         }
       }
     } else {
@@ -411,13 +424,10 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
       if (gt < 32) {
         float q = 0.f, k = 0.f;
         if (active) {
-          for (int j = 0; j < warps_per_group; ++j) {
-            const float2 p = s_part[par][g * warps_per_group + j];
-            q += p.x;
-            k += p.y;
-          }
-          q *= ra.q_in_scale * ra.q_in_scale;
-          k *= ra.k_in_scale * ra.k_in_scale;
+          const float2 p = group_sum(&s_part[par][g * warps_per_group], warps_per_group,
+                                     warps_pow2, lane);
+          q = p.x * ra.q_in_scale * ra.q_in_scale;
+          k = p.y * ra.k_in_scale * ra.k_in_scale;
           if constexpr (kLamport) {
             lamport_publish(a, ra, t, static_cast<int>(call), q, k);
           } else {
@@ -435,12 +445,12 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
         if (!ok) {
           if (lane == 0) s_abort[g] = 1;
         } else if (active_write && lane == 0) {
-          const float rq = 1.f / sqrtf(q * a.q_inv_full + a.eps);
-          const float rk = 1.f / sqrtf(k * a.k_inv_full + a.eps);
+          const float rq = inv_rms(q, a.q_inv_full, a.eps);
+          const float rk = inv_rms(k, a.k_inv_full, a.eps);
           s_rstd[g] = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
           if (ra.rstd_out != nullptr) {
-            ra.rstd_out[2 * tw] = rq;
-            ra.rstd_out[2 * tw + 1] = rk;
+            ra.rstd_out[2 * static_cast<int64_t>(tw)] = rq;
+            ra.rstd_out[2 * static_cast<int64_t>(tw) + 1] = rk;
           }
         }
       }
@@ -458,14 +468,14 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
           if (v_in[v]) {
-            const int i = gt + v * G;
             store_vec(reinterpret_cast<OutVec*>((v_q[v] ? q_row : k_row) + v_off[v]),
-                      normalize_vec<Tin, Tout, VEC, kOlmo2>(load_vec(x + i), load_vec(s_weight + i),
+                      normalize_vec<Tin, Tout, VEC, kOlmo2>(load_vec(x + v * G),
+                                                            load_vec(my_weight + v * G),
                                                             v_q[v] ? rs.x : rs.y));
           }
         }
       } else {
-        for (int64_t i = gt; i < n; i += G) {
+        for (int i = gt; i < n; i += G) {
           write_output<Tin, Tout, VEC, kOlmo2>(ra, tw, i, nq,
                                                load_vec(row_vec<Tin, VEC>(ra, tw, i, nq)),
                                                load_vec(weight_vec<Tout, VEC>(ra, i, nq)), rs);

@@ -1,4 +1,5 @@
 // Host side of a QK-norm launch: checks, chunking by workspace capacity, kernel choice, grid.
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
@@ -103,12 +104,12 @@ int max_blocks_per_sm(KernelFn fn, int block, std::size_t smem, int device) {
   return n;
 }
 
-// Rows staged per token group; SWIFTQK_STAGES overrides the default, for tuning runs.
-int stage_depth(int world) {
-  static const int forced =
+// Stages and deferral depth; SWIFTQK_STAGES and SWIFTQK_DEFER override them, for tuning runs.
+PipelineDepth pipeline_depth(int world) {
+  static const int stages =
       tuning_override("SWIFTQK_STAGES", kMinStages, kMaxStages, "a stage depth");
-  if (forced != 0) return forced;
-  return world == 1 ? kDefaultStagesAlone : kDefaultStagesWithPeers;
+  static const int defer = tuning_override("SWIFTQK_DEFER", 1, kMaxStages - 1, "a deferral depth");
+  return choose_pipeline_depth(world, stages, defer);
 }
 
 // Threads per block the shape aims at; SWIFTQK_BLOCK_THREADS overrides it, for tuning runs.
@@ -238,7 +239,8 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
                                   p0.order, world == 1);
 
   detail::DeviceGuard guard(s0.device);
-  const int stages = stage_depth(world);
+  const PipelineDepth depth = pipeline_depth(world);
+  const int stages = depth.stages;
   const std::size_t smem =
       shape.vectors_per_thread > 0
           ? detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
@@ -258,6 +260,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.group_threads = shape.group_threads;
   a.tokens_per_block = shape.tokens_per_block;
   a.stages = stages;
+  a.defer = depth.defer;
   a.order = static_cast<int>(p0.order);
   a.q_width = qw;
   a.k_width = kw;

@@ -56,6 +56,26 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
   return s;
 }
 
+PipelineDepth choose_pipeline_depth(int world, int forced_stages, int forced_defer) {
+  SWIFTQK_EXPECTS(world >= 1, "choose_pipeline_depth: world must be >= 1");
+  SWIFTQK_EXPECTS(
+      forced_stages == 0 || (forced_stages >= kMinStages && forced_stages <= kMaxStages),
+      "choose_pipeline_depth: stages must be 0 or in [kMinStages, kMaxStages]");
+  SWIFTQK_EXPECTS(forced_defer >= 0 && forced_defer < kMaxStages,
+                  "choose_pipeline_depth: defer must be in [0, kMaxStages - 1]");
+  PipelineDepth d;
+  if (world == 1) {
+    d.stages = forced_stages != 0 ? forced_stages : 2;
+    return d;  // nothing to wait for, nothing deferred
+  }
+  int log2_world = 0;
+  while ((2 << log2_world) <= world) ++log2_world;
+  d.defer = forced_defer != 0 ? forced_defer : std::min(log2_world, kMaxStages - 2);
+  d.stages = forced_stages != 0 ? forced_stages : std::min(kMaxStages, d.defer + 2);
+  d.defer = std::min(d.defer, d.stages - 1);
+  return d;
+}
+
 GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_blocks_per_sm,
                    int sm_count, int sm_budget) {
   SWIFTQK_EXPECTS(ranks >= 1 && tokens_per_block >= 1 && sm_count >= 1,

@@ -20,14 +20,26 @@ struct KernelShape {
 /// of shared memory. The scalar path (vec_elems 1) always streams.
 constexpr int64_t kMaxStagedVectors = 2048;
 
-/// Rows of input each token group stages through shared memory (one being reduced or written,
-/// the rest loading). Fewer stages let more blocks share an SM; on the H200 at 4096 tokens two
-/// were fastest alone and three with peers (whose deferred write holds one more row) of depths
-/// 2-5 (docs/results.md, scripts/tune_stages.sh). SWIFTQK_STAGES overrides both for tuning runs.
-constexpr int kDefaultStagesAlone = 2;
-constexpr int kDefaultStagesWithPeers = 3;
+/// Rows of input each token group stages through shared memory: the one being reduced, with
+/// peers the D deferred ones waiting to be written (below), and the rest loading ahead.
 constexpr int kMinStages = 2;
 constexpr int kMaxStages = 5;
+
+/// @brief The pipeline of a token group: rows staged and, with peers, the deferral depth D (the
+/// group writes token i - D while it reduces token i, so a peer up to D tokens behind costs no
+/// wait). stages - 1 - defer rows load ahead.
+struct PipelineDepth {
+  int stages = 2;
+  int defer = 0;
+};
+
+/// @brief Alone: 2 stages, no deferral. With peers: D = log2(world) (at most kMaxStages - 2) and
+/// one row loading ahead, so stages = D + 2. On the H200 at 4096 tokens (docs/results.md,
+/// session 5) a deeper D paid off as the group grew (the slowest of more peers lags further)
+/// and cost nothing at TP 2; alone, 2 stages were fastest of 2-5. forced_stages and
+/// forced_defer (SWIFTQK_STAGES, SWIFTQK_DEFER; 0 = not forced) override them for tuning runs;
+/// the depth is then cut to stages - 1.
+PipelineDepth choose_pipeline_depth(int world, int forced_stages = 0, int forced_defer = 0);
 
 /// Tokens one kernel launch covers at most: longer calls are split into launches of this many
 /// (like workspace chunks), so the kernel indexes tokens and vectors with 32-bit integers.

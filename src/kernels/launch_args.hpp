@@ -59,6 +59,7 @@ struct LaunchArgs {
   int group_threads;    // threads per token row
   int tokens_per_block;
   int stages;                    // rows staged per group (kMinStages..kMaxStages), vector path
+  int defer;                     // deferral depth with peers, at most stages - 1
   int order;                     // NormOrder
   int64_t tokens;                // rows in this launch (one chunk)
   int64_t q_width, k_width;      // local widths in elements

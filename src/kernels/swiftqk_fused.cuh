@@ -344,23 +344,27 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   };
   auto wrap = [S](int s) { return s >= S ? s - S : s; };
   // With peers, iteration `it` reduces and publishes token it (of this group's sequence) and
-  // then collects and writes token it-1, so a token's exchange overlaps the next token's load
-  // and reduction instead of stalling the block. (Collecting token it-1 before reducing token it,
+  // then collects and writes token it-D (D = the deferral depth, a.defer), so a token's exchange
+  // overlaps the next D tokens' loads and reductions instead of stalling the block, and a peer
+  // up to D tokens behind costs no wait. (Collecting token it-1 before reducing token it,
   // to save the second group barrier, was 10-36% slower at 4096 tokens on virtual ranks: the
   // collect then comes too soon after the peers' publish and its first look misses.) Waiting only
   // on tokens this block published an iteration earlier keeps the persistent grid deadlock-free
   // (docs/design.md). Alone (TP 1), or with a single iteration, nothing is gained by deferring: a
   // token is written at once and the freed stage lets the loads run one token further ahead.
   const int iterations = first < T ? (T - first + step - 1) / step : 0;
-  const bool defer = !kLamport && !kAlone && iterations > 1;  // block-uniform
-  const int ahead = defer ? S - 2 : S - 1;  // 0 (S = 2 with peers) means no prefetch
+  // Block-uniform; the host keeps a.defer <= S - 1. The stages hold the tokens being written
+  // (D), the one reduced and `ahead` loading; ahead 0 means no prefetch.
+  const int defer = kLamport || kAlone ? 0 : max(0, min(a.defer, iterations - 1));
+  const int ahead = S - 1 - defer;
   // The first rows' loads go out before the weights are fetched, so the two DRAM round trips
   // overlap (at a few tokens the kernel is one such latency chain).
   for (int s = 0; s < ahead; ++s) issue(first + g + s * step, s);
 
   // Every token uses the same weight slice: it is read from global memory once per block, into
   // shared memory after the stages (re-reading it per token doubled the L2 traffic).
-  OutVec* s_weight = reinterpret_cast<OutVec*>(reinterpret_cast<InVec*>(s_stage) + S * stage_vectors);
+  OutVec* s_weight =
+      reinterpret_cast<OutVec*>(reinterpret_cast<InVec*>(s_stage) + S * stage_vectors);
   if constexpr (VPT > 0) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       store_vec(s_weight + i, load_vec(weight_vec<Tout, VEC>(ra, i, nq)));
@@ -371,13 +375,14 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
 
   // The stage of the reduced token (cur), of the written one (wstage) and of the next load.
   int cur = 0;
-  const int last = iterations + (defer ? 1 : 0);
+  const int last = iterations + defer;
+  const bool one_warp = warps_per_group == 1;  // the group's sums need no shared memory
   for (int it = 0; it < last; ++it) {
     const int t = first + it * step + g;  // the token reduced and published
-    const int tw = defer ? t - step : t;  // the token collected and written
+    const int tw = t - defer * step;      // the token collected and written
     const bool active = it < iterations && t < T;
-    const bool active_write = tw >= 0 && tw < T && (!defer || it > 0);
-    const int wstage = defer ? wrap(cur + S - 1) : cur;
+    const bool active_write = it >= defer && tw < T;
+    const int wstage = wrap(cur + S - defer);
     const int par = it & 1;
     float sq = 0.f, sk = 0.f;
     // Phase A: local sums of squares of the current token.
@@ -400,16 +405,23 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
       sq += __shfl_xor_sync(kFullMask, sq, off);
       sk += __shfl_xor_sync(kFullMask, sk, off);
     }
-    if (lane == 0) s_part[par][warp] = make_float2(sq, sk);
-    group_barrier(g, G);
+    // One warp per group: every lane already holds the group's sums, no barrier is needed.
+    if (!one_warp) {
+      if (lane == 0) s_part[par][warp] = make_float2(sq, sk);
+      group_barrier(g, G);
+    }
+    auto group_partials = [&] {
+      return one_warp
+                 ? make_float2(sq, sk)
+                 : group_sum(&s_part[par][g * warps_per_group], warps_per_group, warps_pow2, lane);
+    };
 
     float2 rs = make_float2(0.f, 0.f);
     if constexpr (kAlone) {
       // Alone, every warp sums its group's partials itself (same bits in every warp): no
       // second barrier and no warp waiting on the first one's square root.
       if (active_write) {
-        const float2 p = group_sum(&s_part[par][g * warps_per_group], warps_per_group,
-                                   warps_pow2, lane);
+        const float2 p = group_partials();
         const float rq = inv_rms(p.x * ra.q_in_scale * ra.q_in_scale, a.q_inv_full, a.eps);
         const float rk = inv_rms(p.y * ra.k_in_scale * ra.k_in_scale, a.k_inv_full, a.eps);
         rs = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
@@ -420,12 +432,12 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
       }
     } else {
       // Phase B, by the group's first warp: publish the current token, then collect the token
-      // to write (the previous one when deferring, so usually already there).
+      // to write (D tokens back when deferring, so usually already there).
+      bool ok = true;
       if (gt < 32) {
         float q = 0.f, k = 0.f;
         if (active) {
-          const float2 p = group_sum(&s_part[par][g * warps_per_group], warps_per_group,
-                                     warps_pow2, lane);
+          const float2 p = group_partials();
           q = p.x * ra.q_in_scale * ra.q_in_scale;
           k = p.y * ra.k_in_scale * ra.k_in_scale;
           if constexpr (kLamport) {
@@ -434,29 +446,33 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
             publish_partials(a, ra, t, tag, ktag, bank, q, k);
           }
         }
-        bool ok = true;
         if (active_write) {
           if constexpr (kLamport) {
             ok = lamport_collect(a, ra, tw, static_cast<int>(call), q, k);
           } else {
             ok = collect_partials(a, ra, tw, tag, ktag, bank, q, k);
           }
-        }
-        if (!ok) {
-          if (lane == 0) s_abort[g] = 1;
-        } else if (active_write && lane == 0) {
-          const float rq = inv_rms(q, a.q_inv_full, a.eps);
-          const float rk = inv_rms(k, a.k_inv_full, a.eps);
-          s_rstd[g] = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
-          if (ra.rstd_out != nullptr) {
-            ra.rstd_out[2 * static_cast<int64_t>(tw)] = rq;
-            ra.rstd_out[2 * static_cast<int64_t>(tw) + 1] = rk;
+          if (ok) {
+            const float rq = inv_rms(q, a.q_inv_full, a.eps);
+            const float rk = inv_rms(k, a.k_inv_full, a.eps);
+            rs = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);  // in every lane
+            if (lane == 0 && ra.rstd_out != nullptr) {
+              ra.rstd_out[2 * static_cast<int64_t>(tw)] = rq;
+              ra.rstd_out[2 * static_cast<int64_t>(tw) + 1] = rk;
+            }
           }
         }
+        if (!one_warp && lane == 0) {
+          if (!ok) s_abort[g] = 1;
+          s_rstd[g] = rs;
+        }
       }
-      group_barrier(g, G);
-      if (s_abort[g]) break;  // group-uniform: every thread of the group read it after the barrier
-      rs = s_rstd[g];
+      if (!one_warp) {  // the other warps of the group take the scale from the first
+        group_barrier(g, G);
+        ok = s_abort[g] == 0;
+        rs = s_rstd[g];
+      }
+      if (!ok) break;  // group-uniform
     }
 
     // Phase C for the written token: scale, weight, round once (Olmo2) or twice (Llama).
@@ -469,9 +485,8 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
         for (int v = 0; v < VPT; ++v) {
           if (v_in[v]) {
             store_vec(reinterpret_cast<OutVec*>((v_q[v] ? q_row : k_row) + v_off[v]),
-                      normalize_vec<Tin, Tout, VEC, kOlmo2>(load_vec(x + v * G),
-                                                            load_vec(my_weight + v * G),
-                                                            v_q[v] ? rs.x : rs.y));
+                      normalize_vec<Tin, Tout, VEC, kOlmo2>(
+                          load_vec(x + v * G), load_vec(my_weight + v * G), v_q[v] ? rs.x : rs.y));
           }
         }
       } else {

@@ -156,6 +156,40 @@ TEST(TuningOverride, UnsetMeansDefaultAndBadValuesAreRefused) {
   unsetenv(var);
 }
 
+TEST(PipelineDepth, DefersLog2WorldWithOneRowAhead) {
+  struct Want {
+    int world, stages, defer;
+  };
+  // Alone nothing is deferred; with peers D = log2(world) capped at kMaxStages - 2, stages D + 2.
+  for (const Want w : {Want{1, 2, 0}, Want{2, 3, 1}, Want{3, 3, 1}, Want{4, 4, 2}, Want{6, 4, 2},
+                       Want{8, 5, 3}, Want{16, 5, 3}, Want{32, 5, 3}}) {
+    const PipelineDepth d = choose_pipeline_depth(w.world);
+    EXPECT_EQ(d.stages, w.stages) << "world " << w.world;
+    EXPECT_EQ(d.defer, w.defer) << "world " << w.world;
+    // The staged rows always hold the reduced one and the deferred ones.
+    EXPECT_GE(d.stages - 1 - d.defer, 0) << "world " << w.world;
+    EXPECT_GE(d.stages, kMinStages);
+    EXPECT_LE(d.stages, kMaxStages);
+  }
+}
+
+TEST(PipelineDepth, OverridesAreCutToFit) {
+  EXPECT_EQ(choose_pipeline_depth(1, 4, 0).stages, 4);
+  EXPECT_EQ(choose_pipeline_depth(1, 4, 3).defer, 0);      // alone nothing waits
+  const PipelineDepth a = choose_pipeline_depth(8, 2, 0);  // forced shallow: D cut to 1
+  EXPECT_EQ(a.stages, 2);
+  EXPECT_EQ(a.defer, 1);
+  const PipelineDepth b = choose_pipeline_depth(8, 0, 1);  // forced D 1: stages follow
+  EXPECT_EQ(b.stages, 3);
+  EXPECT_EQ(b.defer, 1);
+  const PipelineDepth c = choose_pipeline_depth(2, 3, 4);  // D 4 in 3 stages: cut to 2
+  EXPECT_EQ(c.stages, 3);
+  EXPECT_EQ(c.defer, 2);
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_pipeline_depth(0); }, "world must be >= 1"));
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_pipeline_depth(2, 6, 0); }, "stages must be 0 or"));
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_pipeline_depth(2, 0, 5); }, "defer must be in"));
+}
+
 TEST(ChooseKernelShape, BoundariesOfEachRegime) {
   // n = vectors per row; the q/k split does not matter, only the total.
   for (int64_t n : {1,   2,   31,  32,  33,   63,   64,   65,   127,  128,   129,

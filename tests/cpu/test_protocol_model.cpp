@@ -14,9 +14,11 @@
 //    rank without touching the counter (launch.cu returns before launching).
 //  - A call's tokens are split over W workers ("blocks") as the kernel does: worker b handles
 //    tokens b, b + W, ... in increasing order. Per token a worker publishes the rank's (q, k)
-//    partials into slot [bank][t][rank] of EVERY rank (itself included), waits with a deadline
-//    for all world slots [bank][t][*] of its own workspace to carry (tag, ktag), sums them in rank
-//    order 0..world-1 in float, and clears its own slots to 0.
+//    partials into slot [bank][t][rank] of EVERY rank (itself included); then, D tokens later
+//    (the kernel's deferral depth, drawn per rank and call from [0, max_defer] so that ranks with
+//    different depths meet too; the rest at the end), it waits with a deadline for all world
+//    slots [bank][t][*] of its own workspace to carry (tag, ktag), sums them in rank order
+//    0..world-1 in float, and clears its own slots to 0.
 //  - When all workers of a rank have been joined (the kernel has finished), the counter advances
 //    with next_call(). W is drawn per rank and call: ranks need not agree on it.
 //  - A kernel launch boundary orders everything a rank did in call c before what it does in call
@@ -51,6 +53,7 @@ struct Knobs {
   int calls = 2000;         // host-level calls, including the 0-token ones
   int64_t capacity = 12;    // slots per bank; tokens per call are drawn from [0, capacity]
   int max_workers = 3;      // "blocks" per rank and call, drawn from [1, max_workers]
+  int max_defer = 0;        // deferral depth per rank and call, drawn from [0, max_defer]
   uint32_t first_call = 0;  // initial value of every rank's device call counter
   uint64_t seed = 1;
   bool random_delays = true;
@@ -77,6 +80,7 @@ struct Outcome {
   int64_t run_ahead = 0;            // calls started while another rank had not finished the last
   int64_t writes_into_lagging = 0;  // publishes into a rank still in its previous call
   int64_t lag_violations = 0;       // a rank found another two calls behind (impossible)
+  int max_defer_seen = 0;           // the deepest deferral any rank used
   std::string first_failure;
 };
 
@@ -116,6 +120,7 @@ class Model {
     o.run_ahead = run_ahead_.load();
     o.writes_into_lagging = writes_into_lagging_.load();
     o.lag_violations = lag_violations_.load();
+    o.max_defer_seen = max_defer_seen_.load();
     o.first_failure = first_failure_;
     return o;
   }
@@ -180,12 +185,15 @@ class Model {
           tag ^ config_hash(4096, 1024, k_.world, eps, 0, k_.hash_tokens ? tokens : 0);
       const int bank = k_.two_banks ? bank_for_call(call) : 0;
       const int workers = 1 + static_cast<int>(rank_rng() % k_.max_workers);
+      const int defer = static_cast<int>(rank_rng() % (k_.max_defer + 1));
+      max_defer_seen_.store(std::max(max_defer_seen_.load(), defer));
       std::vector<std::thread> blocks;
       for (int b = 0; b < workers; ++b) {
         const uint64_t worker_seed = rank_rng();
-        blocks.emplace_back([this, r, i, done, tokens, b, workers, tag, ktag, bank, worker_seed] {
-          Worker(r, i, done, tokens, b, workers, tag, ktag, bank, worker_seed);
-        });
+        blocks.emplace_back(
+            [this, r, i, done, tokens, b, workers, defer, tag, ktag, bank, worker_seed] {
+              Worker(r, i, done, tokens, b, workers, defer, tag, ktag, bank, worker_seed);
+            });
       }
       for (std::thread& t : blocks) t.join();
       // The kernel has finished: the last block advanced the counter.
@@ -196,15 +204,31 @@ class Model {
     }
   }
 
-  void Worker(int r, int call_index, int64_t done, int64_t tokens, int b, int workers, uint32_t tag,
-              uint32_t ktag, int bank, uint64_t seed) {
+  void Worker(int r, int call_index, int64_t done, int64_t tokens, int b, int workers, int defer,
+              uint32_t tag, uint32_t ktag, int bank, uint64_t seed) {
     std::atomic_thread_fence(std::memory_order_seq_cst);  // kernel start
     std::mt19937_64 rng(seed);
+    std::vector<int64_t> pending;  // published, not yet collected, oldest first
+    for (int64_t t = b; !abort_.load(std::memory_order_relaxed); t += workers) {
+      const bool more = t < tokens;
+      if (more) {
+        Publish(r, done, t, call_index, tag, ktag, bank, rng);
+        pending.push_back(t);
+      }
+      // The kernel's iteration i collects token i - D; past the last token it drains the rest.
+      if (!pending.empty() && (static_cast<int>(pending.size()) > defer || !more)) {
+        if (!Collect(r, pending.front(), call_index, tag, ktag, bank, rng)) return;
+        pending.erase(pending.begin());
+      }
+      if (!more && pending.empty()) break;
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // kernel end
+  }
+
+  void Publish(int r, int64_t done, int64_t t, int call_index, uint32_t tag, uint32_t ktag,
+               int bank, std::mt19937_64& rng) {
     const int world = k_.world;
-    std::atomic<uint64_t>* mine = ws_[r].get();
-    std::vector<uint64_t> w0(world), w1(world);
-    std::vector<char> have(world);
-    for (int64_t t = b; t < tokens && !abort_.load(std::memory_order_relaxed); t += workers) {
+    {
       const float q = partial(k_.seed, call_index, t, r, 0);
       const float k = partial(k_.seed, call_index, t, r, 1);
       if (r == k_.slow_rank && k_.slow_before_publish) {
@@ -222,6 +246,17 @@ class Model {
         ws_[j][slot + 1].store(pack_word(k, ktag), std::memory_order_relaxed);
         if (j + 1 < world) MaybeDelay(rng, 96, 100);  // peers see the publish at different times
       }
+    }
+  }
+
+  // Waits for, checks and consumes token t's slots; false if the wait failed or was abandoned.
+  bool Collect(int r, int64_t t, int call_index, uint32_t tag, uint32_t ktag, int bank,
+               std::mt19937_64& rng) {
+    const int world = k_.world;
+    std::atomic<uint64_t>* mine = ws_[r].get();
+    std::vector<uint64_t> w0(world), w1(world);
+    std::vector<char> have(world);
+    {
       if (r == k_.slow_rank && !k_.slow_before_publish) {
         std::this_thread::sleep_for(std::chrono::microseconds(k_.slow_us));
       }
@@ -245,7 +280,7 @@ class Model {
         if (missing == 0) break;
         std::this_thread::yield();
         if ((spin & 63u) == 0u) {
-          if (abort_.load(std::memory_order_relaxed)) return;
+          if (abort_.load(std::memory_order_relaxed)) return false;
           if (Clock::now() - start > k_.deadline) {
             std::ostringstream os;
             os << "rank " << r << " call #" << call_index << " token " << t << " waited past "
@@ -257,7 +292,7 @@ class Model {
               }
             }
             Fail(timeouts_, os.str());
-            return;
+            return false;
           }
         }
       }
@@ -275,7 +310,7 @@ class Model {
         os << "rank " << r << " call #" << call_index << " token " << t << ": sum (" << tq << ", "
            << tk << ") expected (" << eq << ", " << ek << ")";
         Fail(wrong_sums_, os.str());
-        return;
+        return false;
       }
       exchanges_.fetch_add(1, std::memory_order_relaxed);
       MaybeDelay(rng, 48, 200);  // a slow clear must not erase a peer's next write
@@ -288,7 +323,7 @@ class Model {
         }
       }
     }
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // kernel end
+    return true;
   }
 
   const Knobs k_;
@@ -296,6 +331,7 @@ class Model {
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> ws_;
   std::vector<std::atomic<int64_t>> finished_;  // calls with tokens each rank has completed
   std::atomic<bool> abort_{false};
+  std::atomic<int> max_defer_seen_{0};
   std::atomic<int64_t> exchanges_{0}, wrong_sums_{0}, timeouts_{0}, run_ahead_{0},
       writes_into_lagging_{0}, lag_violations_{0};
   std::mutex mu_;
@@ -329,6 +365,7 @@ void ExpectCorrect(const Knobs& k) {
     EXPECT_GT(o.run_ahead, 0);
     EXPECT_GT(o.writes_into_lagging, 0);
   }
+  EXPECT_EQ(o.max_defer_seen, k.max_defer);  // the deepest depth asked for did run
   std::cout << "[ model    ] world " << k.world << ", " << k.calls << " calls from 0x" << std::hex
             << k.first_call << std::dec << ": " << o.exchanges << " exchanges, run-ahead "
             << o.run_ahead << ", writes into a lagging rank " << o.writes_into_lagging << ", "
@@ -358,6 +395,31 @@ TEST(ProtocolModel, World8) {
   k.calls = 2000;
   k.max_workers = 2;
   k.seed = 3;
+  ExpectCorrect(k);
+}
+
+TEST(ProtocolModel, DeferredCollectsOfMixedDepths) {
+  // The kernel with peers collects token i - D while publishing token i, D = log2(world) by
+  // default and whatever SWIFTQK_DEFER says per process: every rank and call here draws its own
+  // D in [0, 3], so workers hold up to 3 published, unread tokens while peers of other depths
+  // run ahead into the next call. No deadlock, no wrong or stale sum.
+  for (int world : {2, 4, 8}) {
+    Knobs k;
+    k.world = world;
+    k.calls = world == 8 ? 600 : 1200;
+    k.max_workers = world == 8 ? 2 : 3;
+    k.max_defer = 3;
+    k.seed = 20 + world;
+    ExpectCorrect(k);
+  }
+  // The tightest reuse with the deepest deferral: one slot per bank, one worker per rank.
+  Knobs k;
+  k.world = 4;
+  k.calls = 800;
+  k.capacity = 1;
+  k.max_workers = 1;
+  k.max_defer = 3;
+  k.seed = 29;
   ExpectCorrect(k);
 }
 

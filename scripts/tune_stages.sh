@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Times SwiftQK at several launch shapes side by side in one run: stage depths (SWIFTQK_STAGES,
 # rows each token group stages through shared memory), deferral depths with peers (SWIFTQK_DEFER)
-# and block sizes (SWIFTQK_BLOCK_THREADS),
+# block sizes (SWIFTQK_BLOCK_THREADS) and vectors per thread (SWIFTQK_VPT),
 # optionally against other builds of the benchmark (run at their defaults, each named by its
 # folder), and prints one table: median us per (model, tp, tokens) and run. Every timed
 # configuration is verified against float64 by the benchmark first; wrong results are counted
 # per run in the table's heading.
 #   bash scripts/tune_stages.sh [tokens] [tp] [shapes] [other_bench,...]
-# A shape is DEPTH[+DEFER][/THREADS]: DEPTH the stages ("d" the library's default), DEFER the
-# deferral depth with peers (SWIFTQK_DEFER), THREADS the block size. The first shape runs first
-# and again last, the difference being the noise.
+# A shape is DEPTH[+DEFER][/THREADS][xVPT]: DEPTH the stages ("d" the library's default), DEFER
+# the deferral depth with peers (SWIFTQK_DEFER), THREADS the block size, VPT the vectors per
+# thread of staged rows (a row then takes the fewest lanes, down to 8). The first shape runs
+# first and again last, the difference being the noise.
 #   e.g. bash scripts/tune_stages.sh 4096 1,2,4,8 d,2,3,d/128,d/512 /path/to/old/swiftqk_bench
-#        bash scripts/tune_stages.sh 4096 2,4,8 d,3+1,4+2,5+3,3+2
+#        bash scripts/tune_stages.sh 4096 2,4,8 d,3+1,4+2,5+3,3+2,dx8,3+2x8
 # JSON per run and the table go to $OUT (default ./gpu_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,12 +32,14 @@ run() {  # name, then the command
   runs+=("$name")
 }
 shape_run() {  # shape, run name suffix
-  local depth=${1%%/*} threads= defer= name
-  [ "$1" != "$depth" ] && threads=${1#*/}
+  local shape=${1%%x*} vpt= depth threads= defer= name
+  [ "$1" != "$shape" ] && vpt=${1#*x}
+  depth=${shape%%/*}
+  [ "$shape" != "$depth" ] && threads=${shape#*/}
   case $depth in *+*) defer=${depth#*+}; depth=${depth%%+*} ;; esac
-  name="s$depth${defer:+_d$defer}${threads:+_b$threads}$2"
+  name="s$depth${defer:+_d$defer}${threads:+_b$threads}${vpt:+_v$vpt}$2"
   SWIFTQK_STAGES=$([ "$depth" = d ] || echo "$depth") SWIFTQK_DEFER=$defer \
-    SWIFTQK_BLOCK_THREADS=$threads run "$name" "$bench"
+    SWIFTQK_BLOCK_THREADS=$threads SWIFTQK_VPT=$vpt run "$name" "$bench"
 }
 IFS=, read -ra ds <<<"$depths"
 shape_run "${ds[0]}" _first

@@ -45,6 +45,8 @@ KernelFn pick_vpt(int vpt, Method m, NormOrder o, bool alone) {
       return pick_method<Tin, VEC, 2>(m, o, alone);
     case 4:
       return pick_method<Tin, VEC, 4>(m, o, alone);
+    case 8:
+      return pick_method<Tin, VEC, 8>(m, o, alone);
     default:
       return pick_method<Tin, VEC, 0>(m, o, alone);
   }
@@ -110,6 +112,16 @@ PipelineDepth pipeline_depth(int world) {
       tuning_override("SWIFTQK_STAGES", kMinStages, kMaxStages, "a stage depth");
   static const int defer = tuning_override("SWIFTQK_DEFER", 1, kMaxStages - 1, "a deferral depth");
   return choose_pipeline_depth(world, stages, defer);
+}
+
+// Vectors per thread of staged rows; SWIFTQK_VPT (1, 2, 4 or 8) forces them, for tuning runs.
+int forced_vectors_per_thread() {
+  static const int forced = [] {
+    const int v = tuning_override("SWIFTQK_VPT", 1, kMaxVectorsPerThread, "vectors per thread");
+    SWIFTQK_EXPECTS(v == 0 || (v & (v - 1)) == 0, "SWIFTQK_VPT must be 1, 2, 4 or 8");
+    return v;
+  }();
+  return forced;
 }
 
 // Threads per block the shape aims at; SWIFTQK_BLOCK_THREADS overrides it, for tuning runs.
@@ -234,19 +246,47 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   for (const QkNormParams& p : params) vector_path = vector_path && vector_bytes_for(p) == 16;
   const int vec = vector_path ? static_cast<int>(16 / dtype_size(p0.in_dtype)) : 1;
   const int64_t qw = p0.q_full_width / world, kw = p0.k_full_width / world;
-  const KernelShape shape = choose_kernel_shape(qw, kw, vec, block_threads_target(world));
-  const KernelFn fn = pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method,
-                                  p0.order, world == 1);
+  const int64_t per_launch = std::min(cap, kMaxLaunchTokens);
+  const int block_target = block_threads_target(world);
+  const int forced_vpt = forced_vectors_per_thread();
 
   detail::DeviceGuard guard(s0.device);
   const PipelineDepth depth = pipeline_depth(world);
   const int stages = depth.stages;
-  const std::size_t smem =
-      shape.vectors_per_thread > 0
-          ? detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
-                                      (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)), stages)
-          : 0;
-  const int occ = max_blocks_per_sm(fn, shape.block_threads(), smem, s0.device);
+  // A layout with its kernel, shared memory and residency.
+  struct Layout {
+    KernelShape shape;
+    KernelFn fn;
+    std::size_t smem;
+    int occ;
+  };
+  auto layout_of = [&](const KernelShape& shape) {
+    Layout l{shape,
+             pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method, p0.order,
+                         world == 1),
+             0, 0};
+    if (shape.vectors_per_thread > 0) {
+      l.smem =
+          detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
+                                    (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)), stages);
+    }
+    l.occ = max_blocks_per_sm(l.fn, shape.block_threads(), l.smem, s0.device);
+    return l;
+  };
+  Layout lay = layout_of(choose_kernel_shape(qw, kw, vec, block_target, world, forced_vpt));
+  // Short rows go several to a warp when the GPU is full anyway (the unpacked grid of the first
+  // launch is capped by residency); with fewer rows, one row a warp spreads them over more SMs.
+  const KernelShape packed = packed_kernel_shape(qw, kw, vec, block_target, world);
+  if (forced_vpt == 0 && packed.vectors_per_thread > 0) {
+    if (grid_is_full(std::min(per_launch, p0.tokens), ranks, lay.shape.tokens_per_block, lay.occ,
+                     sm_count(s0.device), s0.config.sm_budget)) {
+      lay = layout_of(packed);
+    }
+  }
+  const KernelShape& shape = lay.shape;
+  const KernelFn fn = lay.fn;
+  const std::size_t smem = lay.smem;
+  const int occ = lay.occ;
 
   const bool capturing = detail::stream_capturing(stream);
   std::vector<std::unique_lock<std::mutex>> locks;
@@ -270,7 +310,6 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.eps = p0.eps;
   a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
 
-  const int64_t per_launch = std::min(cap, kMaxLaunchTokens);
   for (int64_t first = 0; first < p0.tokens; first += per_launch) {
     const int64_t chunk = std::min(per_launch, p0.tokens - first);
     const GridPlan g = plan_grid(chunk, ranks, shape.tokens_per_block, occ, sm_count(s0.device),

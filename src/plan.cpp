@@ -27,20 +27,49 @@ int tuning_override(const char* name, int lo, int hi, const char* what) {
   return static_cast<int>(v);
 }
 
-KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
-                                int block_threads) {
+namespace {
+int pow2_at_least(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// The fewest threads that hold a row of n vectors at vpt each: a power of two from min_group up
+// to one warp, else whole warps.
+int group_for(int64_t n, int vpt, int min_group) {
+  const int64_t lanes = ceil_div(n, vpt);
+  if (lanes <= 32) return std::max(min_group, pow2_at_least(lanes));
+  return round_up_32(lanes);
+}
+}  // namespace
+
+KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems, int block_threads,
+                                int world, int forced_vpt) {
   SWIFTQK_EXPECTS(vec_elems >= 1 && q_width % vec_elems == 0 && k_width % vec_elems == 0,
                   "choose_kernel_shape: widths must be multiples of the vector size");
   SWIFTQK_EXPECTS(block_threads >= 32 && block_threads <= 1024,
                   "choose_kernel_shape: block_threads must be in [32, 1024]");
+  SWIFTQK_EXPECTS(world >= 1, "choose_kernel_shape: world must be >= 1");
+  SWIFTQK_EXPECTS(
+      forced_vpt == 0 || forced_vpt == 1 || forced_vpt == 2 || forced_vpt == 4 || forced_vpt == 8,
+      "choose_kernel_shape: forced vectors per thread must be 0, 1, 2, 4 or 8");
   const int64_t n = q_width / vec_elems + k_width / vec_elems;
   SWIFTQK_EXPECTS(n > 0, "choose_kernel_shape: empty rows");
+  // A group narrower than a warp gives each rank's slot one of its lanes.
+  const int min_group = std::min(32, std::max(kMinGroupThreads, pow2_at_least(world)));
   KernelShape s;
   s.vec_elems = vec_elems;
   if (vec_elems == 1 || n > kMaxStagedVectors) {
     // Streaming: each thread walks its vectors twice; ~8 per thread keeps the group small.
     s.vectors_per_thread = 0;
     s.group_threads = std::min(1024, std::max(32, round_up_32(ceil_div(n, 8))));
+  } else if (forced_vpt != 0) {
+    SWIFTQK_EXPECTS(ceil_div(n, forced_vpt) <= 1024,
+                    "choose_kernel_shape: " + std::to_string(forced_vpt) +
+                        " vectors per thread would need more than 1024 threads for a row of " +
+                        std::to_string(n) + " vectors");
+    s.vectors_per_thread = forced_vpt;
+    s.group_threads = group_for(n, forced_vpt, min_group);
   } else if (n <= 32 * 4) {
     // Narrow rows (high TP degree): one warp per token, up to 4 vectors each, and several
     // tokens per block so a block still moves a useful amount of data.
@@ -52,8 +81,24 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
     s.vectors_per_thread = 4;
     s.group_threads = round_up_32(ceil_div(n, 4));
   }
-  s.tokens_per_block = std::min(kMaxGroupsPerBlock, std::max(1, block_threads / s.group_threads));
+  int64_t groups = std::max(1, block_threads / s.group_threads);
+  if (s.group_threads > 32) groups = std::min<int64_t>(groups, kMaxGroupsPerBlock);
+  if (s.vectors_per_thread > 0) {
+    groups = std::min(groups, std::max<int64_t>(1, kMaxStagedRingBytes / (kMaxStages * 16 * n)));
+  }
+  s.tokens_per_block = static_cast<int>(groups);
   return s;
+}
+
+KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems, int block_threads,
+                                int world) {
+  KernelShape none;
+  none.vectors_per_thread = 0;
+  if (world < 2 || world > 16 || vec_elems < 2) return none;  // a 16-lane group serves 16 ranks
+  const KernelShape s = choose_kernel_shape(q_width, k_width, vec_elems, block_threads, world);
+  const int64_t n = q_width / vec_elems + k_width / vec_elems;
+  if (s.vectors_per_thread == 0 || n > kMaxPackedVectors) return none;
+  return choose_kernel_shape(q_width, k_width, vec_elems, block_threads, world, 4);
 }
 
 PipelineDepth choose_pipeline_depth(int world, int forced_stages, int forced_defer) {
@@ -95,6 +140,13 @@ GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_bloc
   const int64_t wanted = std::max<int64_t>(1, ceil_div(tokens, tokens_per_block));
   g.blocks_per_rank = static_cast<int>(std::min(wanted, per_rank_cap));
   return g;
+}
+
+bool grid_is_full(int64_t tokens, int ranks, int tokens_per_block, int max_blocks_per_sm,
+                  int sm_count, int sm_budget) {
+  const GridPlan g =
+      plan_grid(tokens, ranks, tokens_per_block, max_blocks_per_sm, sm_count, sm_budget);
+  return g.blocks_per_rank < ceil_div(tokens, tokens_per_block);
 }
 
 uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps, int order,

@@ -9,9 +9,11 @@ namespace swiftqk {
 /// @brief How one token row (Q shard then K shard) of one rank is spread over threads.
 struct KernelShape {
   int vec_elems = 1;           ///< elements per vector access; 1 selects the scalar path
-  int vectors_per_thread = 1;  ///< register-resident vectors per thread (1,2,4,8); 0 = streaming
-  int group_threads = 32;      ///< threads normalising one token of one rank (multiple of 32)
-  int tokens_per_block = 1;    ///< groups per block
+  int vectors_per_thread = 1;  ///< staged vectors per thread (1, 2, 4, 8); 0 = streaming
+  /// Threads normalising one token of one rank: whole warps, or (staged rows only) 8 or 16
+  /// lanes, so that one warp normalises 4 or 2 tokens at once (kMinGroupThreads).
+  int group_threads = 32;
+  int tokens_per_block = 1;  ///< groups per block
   int block_threads() const { return group_threads * tokens_per_block; }
 };
 
@@ -45,9 +47,18 @@ PipelineDepth choose_pipeline_depth(int world, int forced_stages = 0, int forced
 /// (like workspace chunks), so the kernel indexes tokens and vectors with 32-bit integers.
 constexpr int64_t kMaxLaunchTokens = int64_t{1} << 30;
 
-/// Token groups a block may hold: each group synchronises on its own hardware barrier (1..15;
-/// barrier 0 is the whole block's).
+/// Token groups of whole warps a block may hold: each such group synchronises on its own hardware
+/// barrier (1..15; barrier 0 is the whole block's). Groups of a warp or less need no barrier.
 constexpr int kMaxGroupsPerBlock = 15;
+
+/// Smallest token group: a group narrower than a warp exchanges its partials with one lane per
+/// rank, so it has at least max(kMinGroupThreads, world) lanes (a power of two up to 32).
+constexpr int kMinGroupThreads = 8;
+constexpr int kMaxVectorsPerThread = 8;
+
+/// Shared memory the staged rows of one block may fill at the deepest ring (kMaxStages), so
+/// every stage depth fits the 227 KB a block may use, weights included.
+constexpr int64_t kMaxStagedRingBytes = 200 * 1024;
 
 /// Threads a block aims at: groups are added while the block stays within this many threads.
 /// 256 with peers; alone, 384 (on the H200 at 4096 tokens, 3 OLMoE or 2 OLMo3-32B groups per
@@ -62,10 +73,27 @@ constexpr int kDefaultBlockThreadsAlone = 384;
 int tuning_override(const char* name, int lo, int hi, const char* what);
 
 /// @brief Picks the thread layout for local widths q_width/k_width moved vec_elems at a time;
-/// a block holds as many token groups as fit block_threads (at least one, at most
-/// kMaxGroupsPerBlock).
+/// a block holds as many token groups as fit block_threads (at least one; at most
+/// kMaxGroupsPerBlock groups of whole warps, and no more than kMaxStagedRingBytes of rows).
+/// @param world ranks of the group: with peers, short rows are packed several to a warp.
+/// @param forced_vpt 0, or vectors per thread (1, 2, 4 or 8) to force on staged rows
+/// (SWIFTQK_VPT, for tuning runs); the group is then the fewest lanes that hold the row.
 KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
-                                int block_threads = kDefaultBlockThreads);
+                                int block_threads = kDefaultBlockThreads, int world = 1,
+                                int forced_vpt = 0);
+
+/// Rows of at most this many 16-byte vectors (1 KB of bf16: OLMoE at TP 8) may be packed two or
+/// more to a warp, 4 vectors a thread (packed_kernel_shape).
+constexpr int64_t kMaxPackedVectors = 64;
+
+/// @brief With peers, the layout that packs short rows several to a warp (4 vectors a thread,
+/// groups of 16 or 8 lanes, at least one lane per rank), or vectors_per_thread 0 when it does not
+/// apply (alone, rows over kMaxPackedVectors, or the scalar path). It pays off only when the GPU is
+/// full: on the H200 at 4096 tokens it cut TP 8 OLMoE from 30.1 to 28.8 us, while at 64 tokens,
+/// where the unpacked grid leaves SMs idle, it added 0.5 us (docs/results.md, session 6). The
+/// launch takes it when the unpacked grid is capped by residency.
+KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems, int block_threads,
+                                int world);
 
 /// @brief The persistent grid of one launch.
 struct GridPlan {
@@ -80,6 +108,12 @@ struct GridPlan {
 /// cannot be resident.
 GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_blocks_per_sm,
                    int sm_count, int sm_budget);
+
+/// @brief Whether plan_grid caps this launch by residency (fewer blocks than one per
+/// tokens_per_block tokens): the GPU is then full, and a layout that moves more rows per warp
+/// (packed_kernel_shape) pays off.
+bool grid_is_full(int64_t tokens, int ranks, int tokens_per_block, int max_blocks_per_sm,
+                  int sm_count, int sm_budget);
 
 /// @brief One exchange slot: a rank's (q, k) partial sums of squares for one token, each in a
 /// 64-bit word whose high half is a tag, so a reader never needs a separate flag.

@@ -33,27 +33,29 @@ __device__ __forceinline__ void lamport_load(const uint32_t* p, uint32_t& a, uin
                : "memory");
 }
 
-/// Publishes (q, k) of token t into every rank's Lamport slot; lane j writes rank j's copy.
+/// Publishes (q, k) of token t into every rank's Lamport slot; lane j (of the group's W exchange
+/// lanes, as in publish_partials) writes rank j's copy.
 __device__ inline void lamport_publish(const LaunchArgs& a, const RankArgs& ra, int64_t t, int buf,
-                                       float q, float k) {
+                                       float q, float k, int sl, int W) {
   const std::size_t off = lamport_slot_offset(a.world, a.capacity, buf, t, ra.rank);
-  for (int j = threadIdx.x & 31; j < a.world; j += 32) {
+  for (int j = sl; j < a.world; j += W) {
     lamport_store(reinterpret_cast<uint32_t*>(ra.peers[j] + off), lamport_word(q), lamport_word(k));
   }
 }
 
 /// Waits (bounded) until all ranks' (q, k) of token t are in this rank's slots and sums them in
-/// rank order. The slots are not cleared here: the next call clears the whole buffer.
+/// rank order. The slots are not cleared here: the next call clears the whole buffer. Called by a
+/// whole warp, with want, sl and W as collect_partials takes them.
 __device__ inline bool lamport_collect(const LaunchArgs& a, const RankArgs& ra, int64_t t, int buf,
-                                       float& q, float& k) {
-  const int lane = threadIdx.x & 31;
+                                       float& q, float& k, bool want, int sl, int W) {
   const int world = a.world;
-  const uint32_t* mine =
-      lane < world ? reinterpret_cast<const uint32_t*>(
-                         ra.local_ws + lamport_slot_offset(world, a.capacity, buf, t, lane))
-                   : nullptr;
+  const bool watch = want && sl < world;
+  const uint32_t* mine = watch
+                             ? reinterpret_cast<const uint32_t*>(
+                                   ra.local_ws + lamport_slot_offset(world, a.capacity, buf, t, sl))
+                             : nullptr;
   uint32_t w0 = 0, w1 = 0, w2 = 0, w3 = 0;
-  bool have = lane >= world;
+  bool have = !watch;
   const uint64_t start = global_timer_ns();
   for (uint32_t spin = 1;; ++spin) {
     if (!have) {
@@ -67,15 +69,15 @@ __device__ inline bool lamport_collect(const LaunchArgs& a, const RankArgs& ra, 
       const bool expired = global_timer_ns() - start > a.timeout_ns;
       const bool failed_elsewhere = load_volatile(&ra.failure->code) != 0u;
       if (__any_sync(0xffffffffu, expired || failed_elsewhere)) {
-        if (expired && !have) record_failure(ra, 1u, lane, t, 0u, 0u);
+        if (expired && !have) record_failure(ra, 1u, sl, t, 0u, 0u);
         return false;
       }
     }
   }
   float tq = 0.f, tk = 0.f;
   for (int j = 0; j < world; ++j) {
-    tq += __shfl_sync(0xffffffffu, __uint_as_float(w0), j);
-    tk += __shfl_sync(0xffffffffu, __uint_as_float(w1), j);
+    tq += __shfl_sync(0xffffffffu, __uint_as_float(w0), j, W);
+    tk += __shfl_sync(0xffffffffu, __uint_as_float(w1), j, W);
   }
   q = tq;
   k = tk;

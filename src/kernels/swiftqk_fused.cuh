@@ -19,10 +19,12 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 /// Register caps of the staged kernel. Alone, 48 (no spills) lets 5 blocks of 256 threads share an
 /// SM instead of 4; with peers the exchange needs 64 (48 spilled and was 1-14% slower at 4096
-/// tokens on the H200, docs/results.md session 4).
+/// tokens on the H200, docs/results.md session 4). Eight vectors a thread spill under 48.
 constexpr int kAloneMaxRegs = 48;
 constexpr int kMaxRegs = 64;
-constexpr int max_regs(bool alone, int vpt) { return alone && vpt > 0 ? kAloneMaxRegs : kMaxRegs; }
+constexpr int max_regs(bool alone, int vpt) {
+  return alone && vpt > 0 && vpt < 8 ? kAloneMaxRegs : kMaxRegs;
+}
 
 /// Element-wise output for either norm order; rs already folds in the input's dequant scale.
 template <typename Tout, bool kOlmo2>
@@ -135,32 +137,60 @@ __device__ __forceinline__ void write_output(const RankArgs& ra, int64_t t, int6
             normalize_vec<Tin, Tout, VEC, kOlmo2>(x, w, i < nq ? rs.x : rs.y));
 }
 
-/// Phase B, first half, run by the group's first warp: push this rank's (q, k) partials of token
-/// t into every rank's slot (its own included). Lane j writes rank j's copy.
-__device__ inline void publish_partials(const LaunchArgs& a, const RankArgs& ra, int64_t t,
-                                        uint32_t tag, uint32_t ktag, int bank, float q, float k) {
-  const std::size_t slot = slot_offset(a.world, a.capacity, bank, t, ra.rank);
-  for (int j = threadIdx.x & 31; j < a.world; j += 32) {
-    store_slot_sys(reinterpret_cast<uint64_t*>(ra.peers[j] + slot), pack_word(q, tag),
+/// The exchange runs on the W = min(group, 32) lanes of the group's first warp (the whole group
+/// when it is narrower than a warp); lane sl of them serves rank sl. W >= world always: a group
+/// narrower than a warp has at least world lanes (plan.hpp), a wider one 32 >= kMaxWorld.
+
+/// Lane sl's slots of this call's bank at token 0: the one it publishes into (this rank's slot
+/// in rank sl's workspace) and the one it watches (rank sl's slot in this rank's workspace).
+/// Token t's are t * world slots further. Computed once per block: per token only one multiply.
+/// peer_ws is rank sl's workspace (ra.peers[sl], loaded by the caller well before: computing
+/// this right after that load and the call counter's put both round trips before the first
+/// row load, 0.2-0.3 us at 64 tokens).
+struct ExchangeLane {
+  uint64_t* publish = nullptr;  // null for lanes sl >= world
+  uint64_t* watch = nullptr;
+};
+constexpr int kSlotWords = static_cast<int>(kSlotBytes / sizeof(uint64_t));
+
+__device__ inline ExchangeLane exchange_lane(const LaunchArgs& a, const RankArgs& ra, int bank,
+                                             int sl, uint8_t* peer_ws) {
+  ExchangeLane e;
+  if (sl < a.world) {
+    e.publish =
+        reinterpret_cast<uint64_t*>(peer_ws + slot_offset(a.world, a.capacity, bank, 0, ra.rank));
+    e.watch =
+        reinterpret_cast<uint64_t*>(ra.local_ws + slot_offset(a.world, a.capacity, bank, 0, sl));
+  }
+  return e;
+}
+
+/// Phase B, first half: push this rank's (q, k) partials of token t into every rank's slot (its
+/// own included). Lane j writes rank j's copy.
+__device__ __forceinline__ void publish_partials(const ExchangeLane& e, int token_words, int t,
+                                                 uint32_t tag, uint32_t ktag, float q, float k) {
+  if (e.publish != nullptr) {
+    store_slot_sys(e.publish + static_cast<int64_t>(t) * token_words, pack_word(q, tag),
                    pack_word(k, ktag));
   }
 }
 
-/// Phase B, second half: wait (bounded) until every rank's partials of token t are in this
-/// rank's slots, sum them in rank order 0..world-1 so every rank gets a bitwise-identical total,
-/// and mark the slots consumed. Returns false if the wait failed (recorded for the host).
-__device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra, int64_t t,
-                                        uint32_t tag, uint32_t ktag, int bank, float& q, float& k) {
-  const int lane = threadIdx.x & 31;
-  const int world = a.world;
-  // Lane j watches the slot rank j writes into this rank's workspace.
-  uint64_t* mine =
-      lane < world
-          ? reinterpret_cast<uint64_t*>(ra.local_ws + slot_offset(world, a.capacity, bank, t, lane))
-          : nullptr;
+/// Phase B, second half, called by a whole warp: wait (bounded) until every rank's partials of
+/// token t are in this rank's slots, sum them, and mark the slots consumed. The sum is a
+/// butterfly over lanes 0..world_pow2-1 (lanes past the world add +0), which leaves bitwise the
+/// same total in each of them (each pairwise add is commutative), and every rank adds the same
+/// values in the same tree; lane 0's total then goes to the group's other lanes. A warp may hold
+/// several groups (W lanes each), one of which may have no token to collect (want false).
+/// Returns false, in every lane, if the wait failed (recorded for the host).
+__device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra,
+                                        const ExchangeLane& e, int token_words, int world_pow2,
+                                        int t, uint32_t tag, uint32_t ktag, float& q, float& k,
+                                        bool want, int sl, int W) {
+  const bool watch = want && e.watch != nullptr;
+  uint64_t* mine = watch ? e.watch + static_cast<int64_t>(t) * token_words : nullptr;
   uint64_t w0 = 0, w1 = 0;
-  bool have = lane >= world;
-  const uint64_t start = global_timer_ns();
+  bool have = !watch;
+  uint64_t start = 0;  // the clock starts at the first timeout check, off the fast path
   for (uint32_t spin = 1;; ++spin) {
     if (!have) {
       load_slot_sys(mine, w0, w1);
@@ -168,29 +198,38 @@ __device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra,
     }
     if (__all_sync(kFullMask, have)) break;
     if ((spin & 63u) == 0u) {
-      const bool expired = global_timer_ns() - start > a.timeout_ns;
+      const uint64_t now = global_timer_ns();
+      if (start == 0) start = now;
+      const bool expired = now - start > a.timeout_ns;
       const bool failed_elsewhere = load_volatile(&ra.failure->code) != 0u;
       if (__any_sync(kFullMask, expired || failed_elsewhere)) {
-        if (expired && !have) record_failure(ra, 1u, lane, t, tag, word_tag(w0));
+        if (expired && !have) record_failure(ra, 1u, sl, t, tag, word_tag(w0));
         return false;
       }
     }
   }
-  float tq = 0.f, tk = 0.f;
-  for (int j = 0; j < world; ++j) {
-    tq += __shfl_sync(kFullMask, word_value(w0), j);
-    tk += __shfl_sync(kFullMask, word_value(w1), j);
+  float tq = word_value(w0), tk = word_value(w1);  // +0 in lanes past the world
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    if (off < world_pow2) {  // off < W: the butterfly stays inside the group's lanes
+      tq += __shfl_xor_sync(kFullMask, tq, off);
+      tk += __shfl_xor_sync(kFullMask, tk, off);
+    }
+  }
+  if (world_pow2 < W) {  // lanes world_pow2.. summed only part of the slots
+    tq = __shfl_sync(kFullMask, tq, 0, W);
+    tk = __shfl_sync(kFullMask, tk, 0, W);
   }
   // Consumed: mark the slot empty so that only a fresh write can ever match a tag again.
-  if (lane < world) store_slot_sys(mine, 0ull, 0ull);
+  if (watch) store_slot_sys(mine, 0ull, 0ull);
   q = tq;
   k = tk;
   return true;
 }
 
-/// Asynchronous 16-byte global-to-shared copy (completes per thread at cp_async_wait).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+/// Asynchronous 16-byte global-to-shared copy (completes per thread at cp_async_wait) to the
+/// shared-window address s (converted once per block, not per copy).
+__device__ __forceinline__ void cp_async16(uint32_t s, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
@@ -287,6 +326,12 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   const int gt = threadIdx.x - g * G;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
+  // A group narrower than a warp (G = 8 or 16, rows of few vectors with peers) shares its warp
+  // with 32 / G others: W lanes do its exchange (all of its G, else the first warp's 32), sl is
+  // this thread's lane among them. Such groups, like one-warp groups, need no barrier.
+  const bool warp_or_less = G <= 32;
+  const int W = warp_or_less ? G : 32;
+  const int sl = gt & (W - 1);
   const int warps_per_group = G >> 5;
   int warps_pow2 = 1;
   while (warps_pow2 < warps_per_group) warps_pow2 <<= 1;
@@ -300,8 +345,12 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   const uint32_t ktag = tag ^ a.config_hash;
   const int bank = bank_for_call(call);
   const int step = a.blocks_per_rank * a.tokens_per_block;
+  uint8_t* const peer_ws = !kAlone && !kLamport && sl < a.world ? ra.peers[sl] : nullptr;
+  const int token_words = a.world * kSlotWords;
+  int world_pow2 = 1;
+  while (world_pow2 < a.world) world_pow2 <<= 1;
   const int first = lblock * a.tokens_per_block;
-  if (gt == 0) s_abort[g] = 0;
+  if (gt == 0 && !warp_or_less) s_abort[g] = 0;  // at most kMaxGroupsPerBlock such groups
   if constexpr (kLamport) {
     // The previous call's buffer: every rank finished writing it (this rank read all of it).
     if (!kAlone) {
@@ -328,18 +377,27 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   InVec* const my_stage0 = reinterpret_cast<InVec*>(s_stage) + g * n + gt;
   const int stage_vectors = a.tokens_per_block * n;
   auto stage = [&](int s) { return my_stage0 + s * stage_vectors; };
-  auto issue = [&](int tk, int s) {
+  const uint32_t my_stage0_s = static_cast<uint32_t>(__cvta_generic_to_shared(my_stage0));
+  // The group's tokens go first + g, + step, + 2 step, ...
+  int tk_next = first + g;
+  auto issue = [&](int s) {  // loads the group's next row into stage s
     if constexpr (VPT > 0) {
-      if (tk < T) {
-        InVec* dst = stage(s);
-        const Tin* q_row = static_cast<const Tin*>(ra.q_in) + tk * ra.q_in_stride;
-        const Tin* k_row = static_cast<const Tin*>(ra.k_in) + tk * ra.k_in_stride;
+      if (tk_next < T) {
+        const Tin* q_next =
+            static_cast<const Tin*>(ra.q_in) + static_cast<int64_t>(tk_next) * ra.q_in_stride;
+        const Tin* k_next =
+            static_cast<const Tin*>(ra.k_in) + static_cast<int64_t>(tk_next) * ra.k_in_stride;
+        const uint32_t dst = my_stage0_s + static_cast<uint32_t>(s * stage_vectors) * 16u;
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
-          if (v_in[v]) cp_async16(dst + v * G, (v_q[v] ? q_row : k_row) + v_off[v]);
+          if (v_in[v]) {
+            cp_async16(dst + static_cast<uint32_t>(v * G) * 16u,
+                       (v_q[v] ? q_next : k_next) + v_off[v]);
+          }
         }
       }
       cp_async_commit();  // empty groups keep the group count uniform
+      tk_next += step;
     }
   };
   auto wrap = [S](int s) { return s >= S ? s - S : s; };
@@ -359,7 +417,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   const int ahead = S - 1 - defer;
   // The first rows' loads go out before the weights are fetched, so the two DRAM round trips
   // overlap (at a few tokens the kernel is one such latency chain).
-  for (int s = 0; s < ahead; ++s) issue(first + g + s * step, s);
+  for (int s = 0; s < ahead; ++s) issue(s);
 
   // Every token uses the same weight slice: it is read from global memory once per block, into
   // shared memory after the stages (re-reading it per token doubled the L2 traffic).
@@ -371,12 +429,13 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
     }
   }
   __syncthreads();  // the weights, and s_abort, before any group reads them
+  const ExchangeLane xl =
+      kAlone || kLamport ? ExchangeLane{} : exchange_lane(a, ra, bank, sl, peer_ws);
   const OutVec* const my_weight = s_weight + gt;
 
   // The stage of the reduced token (cur), of the written one (wstage) and of the next load.
   int cur = 0;
   const int last = iterations + defer;
-  const bool one_warp = warps_per_group == 1;  // the group's sums need no shared memory
   for (int it = 0; it < last; ++it) {
     const int t = first + it * step + g;  // the token reduced and published
     const int tw = t - defer * step;      // the token collected and written
@@ -387,7 +446,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
     float sq = 0.f, sk = 0.f;
     // Phase A: local sums of squares of the current token.
     if constexpr (VPT > 0) {
-      issue(t + ahead * step, wrap(cur + ahead));
+      issue(wrap(cur + ahead));  // token t + ahead * step
       cp_async_wait_pending(ahead);
       const InVec* x = stage(cur);
 #pragma unroll
@@ -400,18 +459,26 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
       }
     }
     cur = wrap(cur + 1);
+    // Sum over each W-lane segment of the warp (one group's, or one warp's of a wider group).
+    if (W == 32) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      sq += __shfl_xor_sync(kFullMask, sq, off);
-      sk += __shfl_xor_sync(kFullMask, sk, off);
+      for (int off = 16; off > 0; off >>= 1) {
+        sq += __shfl_xor_sync(kFullMask, sq, off);
+        sk += __shfl_xor_sync(kFullMask, sk, off);
+      }
+    } else {
+      for (int off = W >> 1; off > 0; off >>= 1) {
+        sq += __shfl_xor_sync(kFullMask, sq, off);
+        sk += __shfl_xor_sync(kFullMask, sk, off);
+      }
     }
-    // One warp per group: every lane already holds the group's sums, no barrier is needed.
-    if (!one_warp) {
+    // A group of a warp or less: every lane already holds the group's sums, no barrier is needed.
+    if (!warp_or_less) {
       if (lane == 0) s_part[par][warp] = make_float2(sq, sk);
       group_barrier(g, G);
     }
     auto group_partials = [&] {
-      return one_warp
+      return warp_or_less
                  ? make_float2(sq, sk)
                  : group_sum(&s_part[par][g * warps_per_group], warps_per_group, warps_pow2, lane);
     };
@@ -431,8 +498,9 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
         }
       }
     } else {
-      // Phase B, by the group's first warp: publish the current token, then collect the token
-      // to write (D tokens back when deferring, so usually already there).
+      // Phase B, by the group's first warp (or the whole group, when narrower): publish the
+      // current token, then collect the token to write (D tokens back when deferring, so usually
+      // already there).
       bool ok = true;
       if (gt < 32) {
         float q = 0.f, k = 0.f;
@@ -441,50 +509,53 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
           q = p.x * ra.q_in_scale * ra.q_in_scale;
           k = p.y * ra.k_in_scale * ra.k_in_scale;
           if constexpr (kLamport) {
-            lamport_publish(a, ra, t, static_cast<int>(call), q, k);
+            lamport_publish(a, ra, t, static_cast<int>(call), q, k, sl, W);
           } else {
-            publish_partials(a, ra, t, tag, ktag, bank, q, k);
+            publish_partials(xl, token_words, t, tag, ktag, q, k);
           }
         }
-        if (active_write) {
+        // The collect is warp-wide: the groups sharing a warp collect together, and one past
+        // the last token joins without a token of its own. ok comes out warp-uniform.
+        if (__any_sync(kFullMask, active_write)) {
           if constexpr (kLamport) {
-            ok = lamport_collect(a, ra, tw, static_cast<int>(call), q, k);
+            ok = lamport_collect(a, ra, tw, static_cast<int>(call), q, k, active_write, sl, W);
           } else {
-            ok = collect_partials(a, ra, tw, tag, ktag, bank, q, k);
+            ok = collect_partials(a, ra, xl, token_words, world_pow2, tw, tag, ktag, q, k,
+                                  active_write, sl, W);
           }
-          if (ok) {
+          if (ok && active_write) {
             const float rq = inv_rms(q, a.q_inv_full, a.eps);
             const float rk = inv_rms(k, a.k_inv_full, a.eps);
             rs = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);  // in every lane
-            if (lane == 0 && ra.rstd_out != nullptr) {
+            if (sl == 0 && ra.rstd_out != nullptr) {
               ra.rstd_out[2 * static_cast<int64_t>(tw)] = rq;
               ra.rstd_out[2 * static_cast<int64_t>(tw) + 1] = rk;
             }
           }
         }
-        if (!one_warp && lane == 0) {
+        if (!warp_or_less && lane == 0) {
           if (!ok) s_abort[g] = 1;
           s_rstd[g] = rs;
         }
       }
-      if (!one_warp) {  // the other warps of the group take the scale from the first
+      if (!warp_or_less) {  // the other warps of the group take the scale from the first
         group_barrier(g, G);
         ok = s_abort[g] == 0;
         rs = s_rstd[g];
       }
-      if (!ok) break;  // group-uniform
+      if (!ok) break;  // group-uniform, and warp-uniform when groups share a warp
     }
 
     // Phase C for the written token: scale, weight, round once (Olmo2) or twice (Llama).
     if (active_write) {
       if constexpr (VPT > 0) {
         const InVec* x = stage(wstage);
-        Tout* q_row = static_cast<Tout*>(ra.q_out) + tw * ra.q_out_stride;
-        Tout* k_row = static_cast<Tout*>(ra.k_out) + tw * ra.k_out_stride;
+        Tout* q_dst = static_cast<Tout*>(ra.q_out) + static_cast<int64_t>(tw) * ra.q_out_stride;
+        Tout* k_dst = static_cast<Tout*>(ra.k_out) + static_cast<int64_t>(tw) * ra.k_out_stride;
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
           if (v_in[v]) {
-            store_vec(reinterpret_cast<OutVec*>((v_q[v] ? q_row : k_row) + v_off[v]),
+            store_vec(reinterpret_cast<OutVec*>((v_q[v] ? q_dst : k_dst) + v_off[v]),
                       normalize_vec<Tin, Tout, VEC, kOlmo2>(
                           load_vec(x + v * G), load_vec(my_weight + v * G), v_q[v] ? rs.x : rs.y));
           }

@@ -47,7 +47,8 @@ const std::vector<int> kTp = {1, 2, 4, 8};
 const std::vector<int> kVec = {8, 4, 16, 1};
 
 // Checks every invariant the kernel relies on; returns a description of the first violation.
-::testing::AssertionResult ShapeIsValid(const KernelShape& s, int64_t qw, int64_t kw, int vec) {
+::testing::AssertionResult ShapeIsValid(const KernelShape& s, int64_t qw, int64_t kw, int vec,
+                                        int world = 1) {
   const int64_t n = qw / vec + kw / vec;
   auto fail = [&]() {
     return ::testing::AssertionFailure()
@@ -56,24 +57,36 @@ const std::vector<int> kVec = {8, 4, 16, 1};
            << s.tokens_per_block << ": ";
   };
   if (s.vec_elems != vec) return fail() << "vec_elems " << s.vec_elems;
-  if (s.group_threads < 32 || s.group_threads % 32 != 0) return fail() << "group not whole warps";
-  if (s.group_threads > 1024) return fail() << "group > 1024";
+  const bool streaming = vec == 1 || n > kMaxStagedVectors;
+  const int G = s.group_threads;
+  if (G < 32) {
+    // Narrower than a warp: staged rows only, a power of two, one lane per rank's slot.
+    if (streaming) return fail() << "a streaming group narrower than a warp";
+    if (G < kMinGroupThreads || (G & (G - 1)) != 0) return fail() << "sub-warp group size";
+    if (G < world) return fail() << "fewer lanes than ranks";
+  } else if (G % 32 != 0) {
+    return fail() << "group not whole warps";
+  }
+  if (G > 1024) return fail() << "group > 1024";
   if (s.tokens_per_block < 1) return fail() << "tokens_per_block < 1";
   if (s.block_threads() > 1024) return fail() << "block_threads > 1024";
   if (s.block_threads() != s.group_threads * s.tokens_per_block) return fail() << "block_threads";
-  // Shared arrays in the kernel hold 32 warps and 32 groups per block.
-  if (s.tokens_per_block > kMaxGroupsPerBlock) return fail() << "more groups than barriers";
-  const bool streaming = vec == 1 || n > kMaxStagedVectors;
+  // Groups of whole warps each have a hardware barrier (and a slot of the kernel's 32-entry
+  // per-group arrays); narrower groups use neither.
+  if (G > 32 && s.tokens_per_block > kMaxGroupsPerBlock)
+    return fail() << "more groups than barriers";
   if (streaming != (s.vectors_per_thread == 0)) return fail() << "streaming choice wrong";
   if (!streaming) {
     const int vpt = s.vectors_per_thread;
-    if (vpt != 1 && vpt != 2 && vpt != 4) return fail() << "vectors_per_thread not in {1,2,4}";
-    if (static_cast<int64_t>(s.group_threads) * vpt < n) return fail() << "row does not fit";
+    if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return fail() << "vectors_per_thread";
+    if (static_cast<int64_t>(G) * vpt < n) return fail() << "row does not fit";
     // The deepest ring of the block's rows must fit the 227 KB of shared memory a block may use.
-    if (kMaxStages * 16 * n * s.tokens_per_block > 200 * 1024)
+    if (kMaxStages * 16 * n * s.tokens_per_block > kMaxStagedRingBytes && s.tokens_per_block > 1)
       return fail() << "staged rows too large";
-    // No whole warp of the group holds nothing.
-    if (static_cast<int64_t>(s.group_threads - 32) * vpt >= n) return fail() << "idle warp";
+    // No whole warp of the group holds nothing; a sub-warp group is no wider than it must be.
+    if (G > 32 && static_cast<int64_t>(G - 32) * vpt >= n) return fail() << "idle warp";
+    if (G < 32 && G > std::max(kMinGroupThreads, world) && static_cast<int64_t>(G / 2) * vpt >= n)
+      return fail() << "sub-warp group twice too wide";
   }
   return ::testing::AssertionSuccess();
 }
@@ -128,9 +141,14 @@ TEST(ChooseKernelShape, BlockThreadsSetsGroupsPerBlock) {
   // OLMo3-32B alone: 5120 + 1024 = 768 vectors, 192-thread groups: one per 256, two per 384.
   EXPECT_EQ(choose_kernel_shape(5120, 1024, 8, 256).tokens_per_block, 1);
   EXPECT_EQ(choose_kernel_shape(5120, 1024, 8, 384).tokens_per_block, 2);
-  // A group wider than the target still gets a block; one-warp groups stop at the barrier count.
+  // A group wider than the target still gets a block; groups of several warps stop at the
+  // barrier count, one-warp groups (which need no barrier) fill the block.
   EXPECT_EQ(choose_kernel_shape(5120, 5120, 8, 32).tokens_per_block, 1);
-  EXPECT_EQ(choose_kernel_shape(256, 128, 8, 1024).tokens_per_block, kMaxGroupsPerBlock);
+  EXPECT_EQ(choose_kernel_shape(528, 528, 8, 1024).group_threads, 64);  // 132 vectors
+  EXPECT_EQ(choose_kernel_shape(528, 528, 8, 1024).tokens_per_block, kMaxGroupsPerBlock);
+  // 256 vectors: the deepest ring of 5 x 4 KB rows holds 10 groups in kMaxStagedRingBytes.
+  EXPECT_EQ(choose_kernel_shape(1024, 1024, 8, 1024).tokens_per_block, 10);
+  EXPECT_EQ(choose_kernel_shape(256, 128, 8, 1024).tokens_per_block, 32);
   for (int bad : {0, 31, 1025}) {
     EXPECT_TRUE(ThrowsErrorWith([&] { choose_kernel_shape(2048, 2048, 8, bad); },
                                 "block_threads must be in [32, 1024]"));
@@ -220,6 +238,101 @@ TEST(ChooseKernelShape, BoundariesOfEachRegime) {
   EXPECT_EQ(choose_kernel_shape(129 * 8, 0, 8).group_threads, 64);
 }
 
+// SWIFTQK_VPT forces the vectors per thread of staged rows: the row then takes the fewest lanes,
+// down to 8 (and never fewer than the ranks, which each need a lane of the exchange).
+TEST(ChooseKernelShape, ForcedVectorsPerThreadPacksShortRowsIntoPartWarps) {
+  // OLMoE at TP 8, bf16: 256 + 256 elements = 64 vectors.
+  KernelShape s = choose_kernel_shape(256, 256, 8, 256, 8, 4);
+  EXPECT_EQ(s.vectors_per_thread, 4);
+  EXPECT_EQ(s.group_threads, 16);
+  EXPECT_EQ(s.tokens_per_block, 16);
+  s = choose_kernel_shape(256, 256, 8, 256, 8, 8);
+  EXPECT_EQ(s.group_threads, 8);
+  EXPECT_EQ(s.tokens_per_block, 32);
+  EXPECT_EQ(choose_kernel_shape(256, 256, 8, 256, 16, 8).group_threads, 16);  // a lane per rank
+  EXPECT_EQ(choose_kernel_shape(256, 256, 8, 256, 32, 8).group_threads, 32);
+  EXPECT_EQ(choose_kernel_shape(256, 256, 8, 256, 1, 8).group_threads, 8);
+  // 96 vectors (OLMo3-32B at TP 8) at 8 a thread: 12 lanes, rounded up to 16.
+  EXPECT_EQ(choose_kernel_shape(640, 128, 8, 256, 8, 8).group_threads, 16);
+  // Longer rows stay whole warps: 512 vectors at 8 a thread.
+  s = choose_kernel_shape(2048, 2048, 8, 256, 2, 8);
+  EXPECT_EQ(s.group_threads, 64);
+  EXPECT_EQ(s.tokens_per_block, 4);
+  // Streaming rows ignore the override.
+  EXPECT_EQ(choose_kernel_shape(2048 * 8, 8, 8, 256, 2, 8).vectors_per_thread, 0);
+  EXPECT_EQ(choose_kernel_shape(256, 256, 1, 256, 2, 8).vectors_per_thread, 0);
+  // The ring of staged rows bounds the groups of a large block: 5 stages x 1 KB rows.
+  EXPECT_EQ(choose_kernel_shape(256, 256, 8, 1024, 8, 8).tokens_per_block,
+            kMaxStagedRingBytes / (kMaxStages * 16 * 64));
+  // Without the override the layout does not depend on the group size.
+  for (int world : {1, 2, 4, 8, 16}) {
+    const KernelShape d = choose_kernel_shape(256, 256, 8, 256, world);
+    EXPECT_EQ(d.group_threads, 32);
+    EXPECT_EQ(d.vectors_per_thread, 2);
+  }
+  // Every forced value on every regime's boundary gives a valid layout.
+  for (int64_t n : {1, 7, 8, 9, 16, 17, 64, 65, 128, 255, 256, 257, 1000, 2048}) {
+    for (int world : {1, 2, 8, 16, 32}) {
+      for (int vpt : {1, 2, 4, 8}) {
+        SCOPED_TRACE("n " + std::to_string(n) + " world " + std::to_string(world) + " vpt " +
+                     std::to_string(vpt));
+        if ((n + vpt - 1) / vpt > 1024) {
+          EXPECT_TRUE(ThrowsErrorWith([&] { choose_kernel_shape(n * 8, 0, 8, 256, world, vpt); },
+                                      "more than 1024"));
+          continue;
+        }
+        const KernelShape f = choose_kernel_shape(n * 8, 0, 8, 256, world, vpt);
+        EXPECT_EQ(f.vectors_per_thread, vpt);
+        EXPECT_TRUE(ShapeIsValid(f, n * 8, 0, 8, world));
+      }
+    }
+  }
+}
+
+// With peers, rows of up to kMaxPackedVectors vectors have a packed alternative: 4 vectors a
+// thread in groups of 16 or 8 lanes, at least one lane per rank (the launch takes it when the GPU
+// is full).
+TEST(ChooseKernelShape, PackedShapeForShortRowsWithPeers) {
+  // OLMoE at TP 8, bf16: 64 vectors -> 16 lanes, 16 groups in 256 threads.
+  KernelShape s = packed_kernel_shape(256, 256, 8, 256, 8);
+  EXPECT_EQ(s.vectors_per_thread, 4);
+  EXPECT_EQ(s.group_threads, 16);
+  EXPECT_EQ(s.tokens_per_block, 16);
+  EXPECT_TRUE(ShapeIsValid(s, 256, 256, 8, 8));
+  // 8 vectors at TP 2: 2 lanes would do, the floor is 8.
+  EXPECT_EQ(packed_kernel_shape(32, 32, 8, 256, 2).group_threads, kMinGroupThreads);
+  // 16 ranks need 16 lanes.
+  EXPECT_EQ(packed_kernel_shape(32, 32, 8, 256, 16).group_threads, 16);
+  // Not applicable: alone, more ranks than a 16-lane group serves, longer rows, scalar path,
+  // streamed rows.
+  EXPECT_EQ(packed_kernel_shape(256, 256, 8, 256, 1).vectors_per_thread, 0);
+  EXPECT_EQ(packed_kernel_shape(256, 256, 8, 256, 32).vectors_per_thread, 0);
+  EXPECT_EQ(packed_kernel_shape(264, 256, 8, 256, 8).vectors_per_thread, 0);  // 65 vectors
+  EXPECT_EQ(packed_kernel_shape(256, 256, 1, 256, 8).vectors_per_thread, 0);
+  // Every row length up to the limit, every dtype's vector and every group size: valid.
+  for (int world : {2, 4, 8, 16}) {
+    for (int vec : {4, 8, 16}) {
+      for (int64_t n = 1; n <= kMaxPackedVectors; ++n) {
+        const KernelShape p = packed_kernel_shape(n * vec, 0, vec, kDefaultBlockThreads, world);
+        SCOPED_TRACE("n " + std::to_string(n) + " world " + std::to_string(world));
+        EXPECT_EQ(p.vectors_per_thread, 4);
+        EXPECT_LE(p.group_threads, 16);
+        EXPECT_TRUE(ShapeIsValid(p, n * vec, 0, vec, world));
+      }
+    }
+  }
+}
+
+TEST(GridIsFull, WhenResidencyCapsTheGrid) {
+  // 132 SMs x 4 blocks, 8 virtual ranks: 66 blocks each; 8 tokens a block.
+  EXPECT_FALSE(grid_is_full(64, 8, 8, 4, 132, 0));   // 8 blocks wanted
+  EXPECT_FALSE(grid_is_full(528, 8, 8, 4, 132, 0));  // 66 wanted, 66 fit
+  EXPECT_TRUE(grid_is_full(529, 8, 8, 4, 132, 0));   // 67 wanted
+  EXPECT_TRUE(grid_is_full(4096, 8, 8, 4, 132, 0));
+  EXPECT_TRUE(grid_is_full(64, 8, 8, 4, 132, 2));  // an SM budget of 2: one block a rank
+  EXPECT_FALSE(grid_is_full(8, 8, 8, 4, 132, 2));
+}
+
 TEST(ChooseKernelShape, BadArgumentsThrow) {
   EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(2048, 100, 8); }, "multiples"));
   EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(2044, 1024, 8); }, "multiples"));
@@ -227,6 +340,11 @@ TEST(ChooseKernelShape, BadArgumentsThrow) {
   EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(2048, 1024, -8); }, "vector size"));
   EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(0, 0, 8); }, "empty rows"));
   EXPECT_THROW(choose_kernel_shape(12, 4, 8), Error);
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(2048, 1024, 8, 256, 0); }, "world"));
+  for (int bad : {-1, 3, 5, 16}) {
+    EXPECT_TRUE(ThrowsErrorWith([&] { choose_kernel_shape(2048, 1024, 8, 256, 2, bad); },
+                                "forced vectors per thread"));
+  }
 }
 
 // ---------------------------------------------------------------- plan_grid

@@ -193,6 +193,20 @@ std::vector<Case> few_block_cases() {
   mm.method = Method::kMiniMaxFused;
   mm.sm_budget = 1;
   v.push_back(mm);
+  // Rows of 64 vectors (OLMoE at TP 8; 1024/1024 at TP 4) on a grid residency caps: the launch
+  // packs them 2 to a warp (packed_kernel_shape), so 16-lane groups exchange and sum.
+  for (NormOrder o : {NormOrder::kOlmo2, NormOrder::kLlama}) {
+    Case c{8, 211, 2048, 2048, DType::kBF16, o};
+    c.sm_budget = 4;
+    v.push_back(c);
+  }
+  Case packed4{4, 211, 1024, 1024, DType::kBF16, NormOrder::kLlama};
+  packed4.sm_budget = 2;
+  v.push_back(packed4);
+  Case packed_mm{8, 211, 2048, 2048, DType::kBF16, NormOrder::kLlama};
+  packed_mm.method = Method::kMiniMaxFused;
+  packed_mm.sm_budget = 4;
+  v.push_back(packed_mm);
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(FewBlocks, ModelShapes, ::testing::ValuesIn(few_block_cases()),

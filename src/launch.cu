@@ -276,12 +276,15 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   Layout lay = layout_of(choose_kernel_shape(qw, kw, vec, block_target, world, forced_vpt));
   // Short rows go several to a warp when the GPU is full anyway (the unpacked grid of the first
   // launch is capped by residency); with fewer rows, one row a warp spreads them over more SMs.
+  // The packed blocks hold more rows, so fewer fit an SM: under a small SM budget every rank
+  // must still get one.
   const KernelShape packed = packed_kernel_shape(qw, kw, vec, block_target, world);
-  if (forced_vpt == 0 && packed.vectors_per_thread > 0) {
-    if (grid_is_full(std::min(per_launch, p0.tokens), ranks, lay.shape.tokens_per_block, lay.occ,
-                     sm_count(s0.device), s0.config.sm_budget)) {
-      lay = layout_of(packed);
-    }
+  const int sms = sm_count(s0.device);
+  if (forced_vpt == 0 && packed.vectors_per_thread > 0 &&
+      grid_is_full(std::min(per_launch, p0.tokens), ranks, lay.shape.tokens_per_block, lay.occ, sms,
+                   s0.config.sm_budget)) {
+    const Layout p = layout_of(packed);
+    if (resident_blocks(p.occ, sms, s0.config.sm_budget) >= ranks) lay = p;
   }
   const KernelShape& shape = lay.shape;
   const KernelFn fn = lay.fn;

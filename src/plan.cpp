@@ -121,6 +121,11 @@ PipelineDepth choose_pipeline_depth(int world, int forced_stages, int forced_def
   return d;
 }
 
+int64_t resident_blocks(int max_blocks_per_sm, int sm_count, int sm_budget) {
+  const int sms = sm_budget == 0 ? sm_count : std::min(sm_budget, sm_count);
+  return static_cast<int64_t>(std::max(0, max_blocks_per_sm)) * std::max(0, sms);
+}
+
 GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_blocks_per_sm,
                    int sm_count, int sm_budget) {
   SWIFTQK_EXPECTS(ranks >= 1 && tokens_per_block >= 1 && sm_count >= 1,
@@ -128,8 +133,7 @@ GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_bloc
   SWIFTQK_EXPECTS(sm_budget >= 0, "plan_grid: sm_budget must be >= 0 (0 = all SMs)");
   SWIFTQK_EXPECTS(max_blocks_per_sm >= 1,
                   "plan_grid: the kernel cannot be resident on an SM (occupancy 0)");
-  const int sms = sm_budget == 0 ? sm_count : std::min(sm_budget, sm_count);
-  const int64_t resident = static_cast<int64_t>(max_blocks_per_sm) * sms;
+  const int64_t resident = resident_blocks(max_blocks_per_sm, sm_count, sm_budget);
   const int64_t per_rank_cap = resident / ranks;
   SWIFTQK_EXPECTS(per_rank_cap >= 1, "plan_grid: " + std::to_string(ranks) +
                                          " ranks in one launch need at least one resident block "

@@ -102,6 +102,10 @@ struct GridPlan {
   int grid() const { return ranks * blocks_per_rank; }
 };
 
+/// @brief Blocks resident at once: max_blocks_per_sm on each of min(sm_count, sm_budget) SMs
+/// (sm_budget 0 = all).
+int64_t resident_blocks(int max_blocks_per_sm, int sm_count, int sm_budget);
+
 /// @brief Bounds the grid by what can be resident at once so that spinning blocks never wait on
 /// a block that is not running: at most max_blocks_per_sm x min(sm_count, sm_budget) blocks.
 /// @param sm_budget SMs this launch may occupy; 0 means all. Throws if even one block per rank
@@ -111,7 +115,7 @@ GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_bloc
 
 /// @brief Whether plan_grid caps this launch by residency (fewer blocks than one per
 /// tokens_per_block tokens): the GPU is then full, and a layout that moves more rows per warp
-/// (packed_kernel_shape) pays off.
+/// (packed_kernel_shape) pays off, if that layout still gives every rank a resident block.
 bool grid_is_full(int64_t tokens, int ranks, int tokens_per_block, int max_blocks_per_sm,
                   int sm_count, int sm_budget);
 

@@ -333,6 +333,17 @@ TEST(GridIsFull, WhenResidencyCapsTheGrid) {
   EXPECT_FALSE(grid_is_full(8, 8, 8, 4, 132, 2));
 }
 
+TEST(ResidentBlocks, OccupancyTimesTheSmsInTheBudget) {
+  EXPECT_EQ(resident_blocks(4, 132, 0), 528);
+  EXPECT_EQ(resident_blocks(4, 132, 2), 8);
+  EXPECT_EQ(resident_blocks(4, 132, 500), 528);  // a budget above the SM count
+  EXPECT_EQ(resident_blocks(0, 132, 0), 0);
+  // The packed layout of TP 8 OLMoE holds 2 blocks an SM: a budget of 2 SMs leaves 4 < 8 ranks,
+  // so the launch keeps the unpacked one (4 an SM, 8 blocks).
+  EXPECT_LT(resident_blocks(2, 132, 2), 8);
+  EXPECT_GE(resident_blocks(4, 132, 2), 8);
+}
+
 TEST(ChooseKernelShape, BadArgumentsThrow) {
   EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(2048, 100, 8); }, "multiples"));
   EXPECT_TRUE(ThrowsErrorWith([] { choose_kernel_shape(2044, 1024, 8); }, "multiples"));

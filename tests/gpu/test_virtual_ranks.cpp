@@ -200,6 +200,11 @@ std::vector<Case> few_block_cases() {
     c.sm_budget = 4;
     v.push_back(c);
   }
+  // Under a budget of 2 SMs the packed blocks (2 an SM) would leave 4 ranks without one: the
+  // launch keeps the unpacked layout (4 an SM, one block a rank).
+  Case tight{8, 211, 2048, 2048, DType::kBF16, NormOrder::kOlmo2};
+  tight.sm_budget = 2;
+  v.push_back(tight);
   Case packed4{4, 211, 1024, 1024, DType::kBF16, NormOrder::kLlama};
   packed4.sm_budget = 2;
   v.push_back(packed4);

@@ -54,6 +54,8 @@ struct Knobs {
   int64_t capacity = 12;    // slots per bank; tokens per call are drawn from [0, capacity]
   int max_workers = 3;      // "blocks" per rank and call, drawn from [1, max_workers]
   int max_defer = 0;        // deferral depth per rank and call, drawn from [0, max_defer]
+  int max_rows = 1;         // rows a worker handles per iteration (packed groups sharing a
+                            // warp), drawn per rank and call from the powers of two <= max_rows
   uint32_t first_call = 0;  // initial value of every rank's device call counter
   uint64_t seed = 1;
   bool random_delays = true;
@@ -70,7 +72,8 @@ struct Knobs {
   bool hash_tokens = true;     // false: the token count left out of the k-tag hash (as before)
   int slow_rank = -1;          // this rank sleeps slow_us ...
   int slow_us = 0;
-  bool slow_before_publish = false;  // ... before publishing a token (else before reading)
+  bool slow_before_publish = false;           // ... before publishing a token (else before reading)
+  bool collect_before_all_published = false;  // a packed warp collects after its first row only
 };
 
 struct Outcome {
@@ -81,6 +84,7 @@ struct Outcome {
   int64_t writes_into_lagging = 0;  // publishes into a rank still in its previous call
   int64_t lag_violations = 0;       // a rank found another two calls behind (impossible)
   int max_defer_seen = 0;           // the deepest deferral any rank used
+  int max_rows_seen = 1;            // the most rows a worker handled at once
   std::string first_failure;
 };
 
@@ -121,6 +125,7 @@ class Model {
     o.writes_into_lagging = writes_into_lagging_.load();
     o.lag_violations = lag_violations_.load();
     o.max_defer_seen = max_defer_seen_.load();
+    o.max_rows_seen = max_rows_seen_.load();
     o.first_failure = first_failure_;
     return o;
   }
@@ -187,12 +192,15 @@ class Model {
       const int workers = 1 + static_cast<int>(rank_rng() % k_.max_workers);
       const int defer = static_cast<int>(rank_rng() % (k_.max_defer + 1));
       max_defer_seen_.store(std::max(max_defer_seen_.load(), defer));
+      int rows = 1;  // a power of two up to max_rows: ranks may pick different layouts
+      while (rows * 2 <= k_.max_rows && rank_rng() % 2 == 0) rows *= 2;
+      max_rows_seen_.store(std::max(max_rows_seen_.load(), rows));
       std::vector<std::thread> blocks;
       for (int b = 0; b < workers; ++b) {
         const uint64_t worker_seed = rank_rng();
         blocks.emplace_back(
-            [this, r, i, done, tokens, b, workers, defer, tag, ktag, bank, worker_seed] {
-              Worker(r, i, done, tokens, b, workers, defer, tag, ktag, bank, worker_seed);
+            [this, r, i, done, tokens, b, workers, rows, defer, tag, ktag, bank, worker_seed] {
+              Worker(r, i, done, tokens, b, workers, rows, defer, tag, ktag, bank, worker_seed);
             });
       }
       for (std::thread& t : blocks) t.join();
@@ -204,21 +212,36 @@ class Model {
     }
   }
 
-  void Worker(int r, int call_index, int64_t done, int64_t tokens, int b, int workers, int defer,
-              uint32_t tag, uint32_t ktag, int bank, uint64_t seed) {
+  // One warp of the kernel: `rows` groups of it (1 = a group of a warp or more; 2 or 4 = packed
+  // rows, groups of 16 or 8 lanes) take tokens b * rows + j, + workers * rows, ... Each
+  // iteration every group publishes its row, then the warp collects the rows of D iterations
+  // back together (it leaves the collect only when all of them are in).
+  void Worker(int r, int call_index, int64_t done, int64_t tokens, int b, int workers, int rows,
+              int defer, uint32_t tag, uint32_t ktag, int bank, uint64_t seed) {
     std::atomic_thread_fence(std::memory_order_seq_cst);  // kernel start
     std::mt19937_64 rng(seed);
-    std::vector<int64_t> pending;  // published, not yet collected, oldest first
-    for (int64_t t = b; !abort_.load(std::memory_order_relaxed); t += workers) {
-      const bool more = t < tokens;
-      if (more) {
-        Publish(r, done, t, call_index, tag, ktag, bank, rng);
-        pending.push_back(t);
+    std::vector<std::vector<int64_t>> pending;  // per iteration, rows published and not collected
+    for (int64_t base = static_cast<int64_t>(b) * rows; !abort_.load(std::memory_order_relaxed);
+         base += static_cast<int64_t>(workers) * rows) {
+      std::vector<int64_t> now;
+      for (int j = 0; j < rows && base + j < tokens; ++j) now.push_back(base + j);
+      // Every group publishes before the warp collects (the broken variant: only the first).
+      const std::size_t before =
+          k_.collect_before_all_published ? std::min<std::size_t>(1, now.size()) : now.size();
+      for (std::size_t j = 0; j < before; ++j) {
+        Publish(r, done, now[j], call_index, tag, ktag, bank, rng);
       }
+      const bool more = !now.empty();
+      if (more) pending.push_back(now);
       // The kernel's iteration i collects token i - D; past the last token it drains the rest.
       if (!pending.empty() && (static_cast<int>(pending.size()) > defer || !more)) {
-        if (!Collect(r, pending.front(), call_index, tag, ktag, bank, rng)) return;
+        for (int64_t t : pending.front()) {
+          if (!Collect(r, t, call_index, tag, ktag, bank, rng)) return;
+        }
         pending.erase(pending.begin());
+      }
+      for (std::size_t j = before; j < now.size(); ++j) {
+        Publish(r, done, now[j], call_index, tag, ktag, bank, rng);
       }
       if (!more && pending.empty()) break;
     }
@@ -332,6 +355,7 @@ class Model {
   std::vector<std::atomic<int64_t>> finished_;  // calls with tokens each rank has completed
   std::atomic<bool> abort_{false};
   std::atomic<int> max_defer_seen_{0};
+  std::atomic<int> max_rows_seen_{1};
   std::atomic<int64_t> exchanges_{0}, wrong_sums_{0}, timeouts_{0}, run_ahead_{0},
       writes_into_lagging_{0}, lag_violations_{0};
   std::mutex mu_;
@@ -366,6 +390,7 @@ void ExpectCorrect(const Knobs& k) {
     EXPECT_GT(o.writes_into_lagging, 0);
   }
   EXPECT_EQ(o.max_defer_seen, k.max_defer);  // the deepest depth asked for did run
+  EXPECT_EQ(o.max_rows_seen, k.max_rows);    // and the most rows a warp, when packing
   std::cout << "[ model    ] world " << k.world << ", " << k.calls << " calls from 0x" << std::hex
             << k.first_call << std::dec << ": " << o.exchanges << " exchanges, run-ahead "
             << o.run_ahead << ", writes into a lagging rank " << o.writes_into_lagging << ", "
@@ -420,6 +445,33 @@ TEST(ProtocolModel, DeferredCollectsOfMixedDepths) {
   k.max_workers = 1;
   k.max_defer = 3;
   k.seed = 29;
+  ExpectCorrect(k);
+}
+
+TEST(ProtocolModel, PackedRowsOfMixedLayouts) {
+  // With peers, short rows go 2 or 4 to a warp when the GPU is full (packed_kernel_shape); a
+  // warp then waits for all its rows of D iterations back at once. Each rank and call here draws
+  // its own rows per warp (1, 2 or 4) and depth (0-3), so peers run different layouts, as
+  // processes on GPUs of different load may. No deadlock, no wrong or stale sum.
+  for (int world : {2, 4, 8}) {
+    Knobs k;
+    k.world = world;
+    k.calls = world == 8 ? 600 : 1000;
+    k.max_workers = world == 8 ? 2 : 3;
+    k.max_defer = 3;
+    k.max_rows = 4;
+    k.seed = 40 + world;
+    ExpectCorrect(k);
+  }
+  // One slot per bank: a packed warp of one row, the other group past the end.
+  Knobs k;
+  k.world = 4;
+  k.calls = 600;
+  k.capacity = 1;
+  k.max_workers = 1;
+  k.max_defer = 2;
+  k.max_rows = 2;
+  k.seed = 49;
   ExpectCorrect(k);
 }
 
@@ -531,6 +583,21 @@ TEST(ProtocolModelNegative, NoClearingWithRepeatedTagsReadsAStaleSlot) {
   k.tag_period = 2;
   const Outcome o = RunBroken(k);
   EXPECT_GT(o.wrong_sums, 0);
+}
+
+TEST(ProtocolModelNegative, PackedWarpCollectingBeforeAllItsRowsArePublishedHangs) {
+  // The kernel publishes every group's row before the warp-wide collect. A warp that collected
+  // after publishing only its first row would, without deferral, wait on its own second row:
+  // the bounded wait catches it.
+  Knobs k;
+  k.world = 2;
+  k.calls = 40;
+  k.max_rows = 2;
+  k.collect_before_all_published = true;
+  k.seed = 13;
+  const Outcome o = RunBroken(k);
+  EXPECT_GT(o.timeouts, 0);
+  EXPECT_EQ(o.wrong_sums, 0);
 }
 
 TEST(ProtocolModelNegative, RankThatSkipsACallIsDetected) {

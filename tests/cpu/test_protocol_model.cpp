@@ -423,56 +423,45 @@ TEST(ProtocolModel, World8) {
   ExpectCorrect(k);
 }
 
-TEST(ProtocolModel, DeferredCollectsOfMixedDepths) {
-  // The kernel with peers collects token i - D while publishing token i, D = log2(world) by
-  // default and whatever SWIFTQK_DEFER says per process: every rank and call here draws its own
-  // D in [0, 3], so workers hold up to 3 published, unread tokens while peers of other depths
-  // run ahead into the next call. No deadlock, no wrong or stale sum.
+// Worlds 2, 4 and 8 with up to max_defer deferred collects and up to max_rows rows a warp, drawn
+// per rank and call; then the tightest reuse: one slot per bank, one worker per rank.
+void ExpectCorrectWithMixedLayouts(int max_defer, int max_rows, uint64_t seed) {
   for (int world : {2, 4, 8}) {
     Knobs k;
     k.world = world;
     k.calls = world == 8 ? 600 : 1200;
     k.max_workers = world == 8 ? 2 : 3;
-    k.max_defer = 3;
-    k.seed = 20 + world;
+    k.max_defer = max_defer;
+    k.max_rows = max_rows;
+    k.seed = seed + world;
     ExpectCorrect(k);
   }
-  // The tightest reuse with the deepest deferral: one slot per bank, one worker per rank.
   Knobs k;
   k.world = 4;
   k.calls = 800;
   k.capacity = 1;
   k.max_workers = 1;
-  k.max_defer = 3;
-  k.seed = 29;
+  k.max_defer = max_defer;
+  k.max_rows = max_rows;
+  k.seed = seed + 9;
   ExpectCorrect(k);
+}
+
+TEST(ProtocolModel, DeferredCollectsOfMixedDepths) {
+  // The kernel with peers collects token i - D while publishing token i, D = log2(world) by
+  // default and whatever SWIFTQK_DEFER says per process: every rank and call here draws its own
+  // D in [0, 3], so workers hold up to 3 published, unread tokens while peers of other depths
+  // run ahead into the next call. No deadlock, no wrong or stale sum.
+  ExpectCorrectWithMixedLayouts(3, 1, 20);
 }
 
 TEST(ProtocolModel, PackedRowsOfMixedLayouts) {
   // With peers, short rows go 2 or 4 to a warp when the GPU is full (packed_kernel_shape); a
   // warp then waits for all its rows of D iterations back at once. Each rank and call here draws
   // its own rows per warp (1, 2 or 4) and depth (0-3), so peers run different layouts, as
-  // processes on GPUs of different load may. No deadlock, no wrong or stale sum.
-  for (int world : {2, 4, 8}) {
-    Knobs k;
-    k.world = world;
-    k.calls = world == 8 ? 600 : 1000;
-    k.max_workers = world == 8 ? 2 : 3;
-    k.max_defer = 3;
-    k.max_rows = 4;
-    k.seed = 40 + world;
-    ExpectCorrect(k);
-  }
-  // One slot per bank: a packed warp of one row, the other group past the end.
-  Knobs k;
-  k.world = 4;
-  k.calls = 600;
-  k.capacity = 1;
-  k.max_workers = 1;
-  k.max_defer = 2;
-  k.max_rows = 2;
-  k.seed = 49;
-  ExpectCorrect(k);
+  // processes on GPUs of different load may; with one slot per bank a packed warp often holds
+  // one row and a group past the end. No deadlock, no wrong or stale sum.
+  ExpectCorrectWithMixedLayouts(3, 4, 40);
 }
 
 TEST(ProtocolModel, CounterWrapsAt2To30) {

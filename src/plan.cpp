@@ -95,9 +95,8 @@ KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
   KernelShape none;
   none.vectors_per_thread = 0;
   if (world < 2 || world > 16 || vec_elems < 2) return none;  // a 16-lane group serves 16 ranks
-  const KernelShape s = choose_kernel_shape(q_width, k_width, vec_elems, block_threads, world);
-  const int64_t n = q_width / vec_elems + k_width / vec_elems;
-  if (s.vectors_per_thread == 0 || n > kMaxPackedVectors) return none;
+  // Rows this short are always staged (vec_elems > 1); choose_kernel_shape checks the widths.
+  if (q_width / vec_elems + k_width / vec_elems > kMaxPackedVectors) return none;
   return choose_kernel_shape(q_width, k_width, vec_elems, block_threads, world, 4);
 }
 

@@ -3,6 +3,8 @@
 #   bash scripts/gpu_session.sh verify    GPU gtests (multi-GPU ones too), the Python tests, and
 #                                         with several GPUs the one-process-per-GPU sweep of all
 #                                         five methods and the TP decode run
+#   bash scripts/gpu_session.sh verify-only   verify without the TP decode run, and
+#   bash scripts/gpu_session.sh decode        the TP decode run alone (verify in two device calls)
 #   bash scripts/gpu_session.sh measure   virtual ranks against MiniMax fused, the precision
 #                                         study, the PyTorch baseline, TP-1 decode, sanitizers
 #   bash scripts/gpu_session.sh sanitize  compute-sanitizer memcheck, racecheck and synccheck on a
@@ -14,6 +16,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:-all}
+case "$phase" in
+  all | verify | verify-only | decode | measure | sanitize) ;;
+  *) echo "gpu_session.sh: unknown phase '$phase' (all, verify, verify-only, decode, measure, sanitize)" >&2
+     exit 2 ;;
+esac
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -63,7 +70,7 @@ run_pytest() {  # the CPU-only cases ran in CI already; here what needs the GPU
   fi
 }
 
-if [ "$phase" = verify ] || [ "$phase" = all ]; then
+if [ "$phase" = verify ] || [ "$phase" = verify-only ] || [ "$phase" = all ]; then
   timeout 420 build/tests/swiftqk_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
   summary+=("gpu gtests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/gpu_tests.log" | tr '\n' ' ')")
   # One process per GPU at every TP the machine allows (TPS="2 4" to choose).
@@ -85,7 +92,13 @@ if [ "$phase" = verify ] || [ "$phase" = all ]; then
     summary+=("precision tp $tp: $(tail -1 "$OUT/precision_procs_tp$tp.md")")
   done
   run_pytest
-  if [ -n "$tps" ] && has_ext; then
+fi
+
+# The TP decode run, one process per GPU (with verify, or alone when verify ran in an earlier call:
+# the two together can outlast one device call).
+if [ "$phase" = verify ] || [ "$phase" = decode ] || [ "$phase" = all ]; then
+  tps=${TPS:-}; if [ -z "$tps" ]; then t=2; while [ "$t" -le "$ngpu" ]; do tps+="$t "; t=$((t * 2)); done; fi
+  if [ -n "$tps" ] && wait_ext; then
     for tp in $tps; do
       for model in ${E2E_MODELS:-olmo2-13b olmo3-32b olmoe}; do
         timeout 300 python3 -m torch.distributed.run --nproc-per-node "$tp" bench/e2e_decode.py \
@@ -129,7 +142,7 @@ if [ "$phase" = measure ] || [ "$phase" = all ]; then
   fi
 fi
 
-if [ "$phase" != verify ]; then
+if [ "$phase" = measure ] || [ "$phase" = sanitize ] || [ "$phase" = all ]; then
   # compute-sanitizer on a subset that covers every kernel (the full suite is too slow there).
   # API errors are not reported: every CUDA call of ours is checked and would throw, and NCCL
   # probes kernels for other architectures at init (cudaErrorNoKernelImageForDevice, handled).

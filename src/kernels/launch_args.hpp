@@ -22,8 +22,9 @@ struct FailureRecord {
   uint32_t pad;
 };
 
-/// Device-resident per-rank counters. The kernel reads `call` at entry; the last block to
-/// finish advances it, so graph replays always find the current call number on the device.
+/// Device-resident per-rank counters. With peers the kernel reads `call` at entry and the last
+/// block to finish advances it, so graph replays always find the current call number on the
+/// device. A group of one exchanges nothing and leaves them alone.
 struct CallState {
   uint32_t call;
   uint32_t blocks_done;

@@ -340,7 +340,9 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   const int T = static_cast<int>(a.tokens);
   const int S = a.stages;
 
-  const uint32_t call = load_volatile(kLamport ? &ra.state->lamport_call : &ra.state->call);
+  // Alone, nothing is exchanged, so no call number is read or advanced (see the end).
+  const uint32_t call =
+      kAlone ? 0u : load_volatile(kLamport ? &ra.state->lamport_call : &ra.state->call);
   const uint32_t tag = tag_for_call(call);
   const uint32_t ktag = tag ^ a.config_hash;
   const int bank = bank_for_call(call);
@@ -415,19 +417,28 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   // (D), the one reduced and `ahead` loading; ahead 0 means no prefetch.
   const int defer = kLamport || kAlone ? 0 : max(0, min(a.defer, iterations - 1));
   const int ahead = S - 1 - defer;
-  // The first rows' loads go out before the weights are fetched, so the two DRAM round trips
-  // overlap (at a few tokens the kernel is one such latency chain).
-  for (int s = 0; s < ahead; ++s) issue(s);
-
   // Every token uses the same weight slice: it is read from global memory once per block, into
-  // shared memory after the stages (re-reading it per token doubled the L2 traffic).
+  // shared memory after the stages (re-reading it per token doubled the L2 traffic). The weights
+  // and the first rows are all asynchronous copies, so they are in flight together: at a few
+  // tokens the kernel is one such latency chain. (Loaded through registers, a loop of several
+  // weight vectors a thread went one memory round trip per vector: the compiler cannot tell
+  // the shared store from the next global load, 0.25-0.35 us each at TP 1.)
   OutVec* s_weight =
       reinterpret_cast<OutVec*>(reinterpret_cast<InVec*>(s_stage) + S * stage_vectors);
   if constexpr (VPT > 0) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      store_vec(s_weight + i, load_vec(weight_vec<Tout, VEC>(ra, i, nq)));
+    static_assert(sizeof(OutVec) % 16 == 0, "weights are copied in 16-byte units");
+    constexpr int kUnits = static_cast<int>(sizeof(OutVec) / 16);
+    const uint32_t w_s = static_cast<uint32_t>(__cvta_generic_to_shared(s_weight));
+    const int uq = nq * kUnits;
+    for (int i = threadIdx.x; i < n * kUnits; i += blockDim.x) {
+      cp_async16(w_s + static_cast<uint32_t>(i) * 16u,
+                 i < uq ? static_cast<const uint4*>(ra.q_w) + i
+                        : static_cast<const uint4*>(ra.k_w) + (i - uq));
     }
+    cp_async_commit();  // the oldest group: the wait below leaves only the rows' pending
   }
+  for (int s = 0; s < ahead; ++s) issue(s);
+  if constexpr (VPT > 0) cp_async_wait_pending(ahead);
   __syncthreads();  // the weights, and s_abort, before any group reads them
   const ExchangeLane xl =
       kAlone || kLamport ? ExchangeLane{} : exchange_lane(a, ra, bank, sl, peer_ws);
@@ -571,21 +582,26 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   }
   if constexpr (VPT > 0) cp_async_wait<0>();  // no copy may land after the block exits
 
-  // The last block of this rank to finish advances the rank's call counter (device-resident,
-  // so CUDA-graph replays stay in step).
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const uint32_t prev = atomicAdd(&ra.state->blocks_done, 1u);
-    if (prev == static_cast<uint32_t>(a.blocks_per_rank) - 1u) {
-      ra.state->blocks_done = 0u;
-      if constexpr (kLamport) {
-        ra.state->lamport_tokens = static_cast<uint32_t>(T);
-        ra.state->lamport_call = (call + 1) % kLamportBuffers;
-      } else {
-        ra.state->call = next_call(call);
+  // With peers, the last block of this rank to finish advances the rank's call counter
+  // (device-resident, so CUDA-graph replays stay in step). No fence: the next launch on the
+  // stream sees the new value at the kernel boundary, and within this launch every block read
+  // the counter before its barrier below (bar.sync performs the block's earlier loads), so before
+  // its increment, which the last block's stores follow (they depend on the value it returns).
+  // A fence here waited for the block's output stores to drain before the increment could even
+  // issue: one more memory round trip at the end of every launch.
+  if constexpr (!kAlone) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const uint32_t prev = atomicAdd(&ra.state->blocks_done, 1u);
+      if (prev == static_cast<uint32_t>(a.blocks_per_rank) - 1u) {
+        ra.state->blocks_done = 0u;
+        if constexpr (kLamport) {
+          ra.state->lamport_tokens = static_cast<uint32_t>(T);
+          ra.state->lamport_call = (call + 1) % kLamportBuffers;
+        } else {
+          ra.state->call = next_call(call);
+        }
       }
-      __threadfence();
     }
   }
 }

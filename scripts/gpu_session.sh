@@ -31,6 +31,8 @@ ngpu=$(nvidia-smi -L | wc -l)
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvidia-smi topo -m; } \
   >"$OUT/gpu.txt" 2>&1
 summary=("commit $commit, $ngpu GPU(s): $(head -1 "$OUT/gpu.txt")")
+# One process per GPU at every TP the machine allows (TPS="2 4" to choose), for verify and decode.
+tps=${TPS:-}; if [ -z "$tps" ]; then t=2; while [ "$t" -le "$ngpu" ]; do tps+="$t "; t=$((t * 2)); done; fi
 if [ ! -x build/tests/swiftqk_gpu_tests ] || ! build/tests/swiftqk_gpu_tests --gtest_list_tests >/dev/null 2>&1; then
   cmake -S . -B build -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.log" 2>&1
   cmake --build build -j"$(nproc)" >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
@@ -73,8 +75,6 @@ run_pytest() {  # the CPU-only cases ran in CI already; here what needs the GPU
 if [ "$phase" = verify ] || [ "$phase" = verify-only ] || [ "$phase" = all ]; then
   timeout 420 build/tests/swiftqk_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
   summary+=("gpu gtests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/gpu_tests.log" | tr '\n' ' ')")
-  # One process per GPU at every TP the machine allows (TPS="2 4" to choose).
-  tps=${TPS:-}; if [ -z "$tps" ]; then t=2; while [ "$t" -le "$ngpu" ]; do tps+="$t "; t=$((t * 2)); done; fi
   for tp in $tps; do
     timeout 400 build/bench/swiftqk_bench --procs "$tp" --iters 60 --commit "$commit" \
       --methods swiftqk,minimax_fused,all_gather,comm_overlap,minimax_eager \
@@ -97,7 +97,6 @@ fi
 # The TP decode run, one process per GPU (with verify, or alone when verify ran in an earlier call:
 # the two together can outlast one device call).
 if [ "$phase" = verify ] || [ "$phase" = decode ] || [ "$phase" = all ]; then
-  tps=${TPS:-}; if [ -z "$tps" ]; then t=2; while [ "$t" -le "$ngpu" ]; do tps+="$t "; t=$((t * 2)); done; fi
   if [ -n "$tps" ] && wait_ext; then
     for tp in $tps; do
       for model in ${E2E_MODELS:-olmo2-13b olmo3-32b olmoe}; do

@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   // and the first rows are all asynchronous copies, so they are in flight together: at a few
   // tokens the kernel is one such latency chain. (Loaded through registers, a loop of several
   // weight vectors a thread went one memory round trip per vector: the compiler cannot tell
-  // the shared store from the next global load, 0.25-0.35 us each at TP 1.)
+  // the shared store from the next global load; docs/results.md, session 7.)
   OutVec* s_weight =
       reinterpret_cast<OutVec*>(reinterpret_cast<InVec*>(s_stage) + S * stage_vectors);
   if constexpr (VPT > 0) {

@@ -55,6 +55,7 @@ struct Options {
   int warmup = 10, iters = 200, launches_per_graph = 20;
   std::string mode = "graph";
   std::string commit = "unknown";
+  bool pdl = false;  // fused methods launched with programmatic dependent launch (QkNormParams)
 };
 
 // Times `body` (which enqueues work on s): graph mode captures launches_per_graph bodies and
@@ -134,8 +135,8 @@ inline double exchange_bytes(Method m, int tp, int64_t tokens, int64_t q, int64_
 
 /// One result row, as issue 3 specifies it.
 inline json make_row(Method method, const Model& m, int tp, int64_t tokens, DType dt,
-                     NormOrder order, const std::string& mode, const Stats& st, double copy_bw,
-                     const Check& chk, int64_t wrong, int gpus, const std::string& commit) {
+                     NormOrder order, const Options& o, const Stats& st, double copy_bw,
+                     const Check& chk, int64_t wrong, int gpus) {
   const DType out = output_dtype_for(dt);
   const double hbm =
       static_cast<double>(tokens) * (m.q + m.k) / tp * (dtype_size(dt) + dtype_size(out)) +
@@ -149,7 +150,8 @@ inline json make_row(Method method, const Model& m, int tp, int64_t tokens, DTyp
   j["tokens"] = tokens;
   j["dtype"] = to_string(dt);
   j["order"] = to_string(order);
-  j["mode"] = mode;
+  j["mode"] = o.mode;
+  j["pdl"] = o.pdl && (method == Method::kSwiftQK || method == Method::kMiniMaxFused);
   j["median_us"] = st.median;
   j["p10_us"] = st.p10;
   j["p90_us"] = st.p90;
@@ -170,7 +172,7 @@ inline json make_row(Method method, const Model& m, int tp, int64_t tokens, DTyp
   j["virtual_ranks"] = gpus == 1 && tp > 1;
   j["device"] = device_name();
   j["gpus"] = gpus;
-  j["commit"] = commit;
+  j["commit"] = o.commit;
   return j;
 }
 

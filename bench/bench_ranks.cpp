@@ -105,8 +105,10 @@ double local_only_us(const Options& o, Communicator& local, const Model& m, int 
   Problem p = Problem::random(t, shard.q, shard.k, dt, order, m.eps, 4048 + t);
   std::vector<RankData> data;
   const int sets = rotation_sets(t, shard, dt);
-  for (int i = 0; i < sets; ++i)
+  for (int i = 0; i < sets; ++i) {
     data.push_back(testing::make_rank(p, 1, 0, testing::Layout::kSeparate));
+    data.back().params.pdl = o.pdl;  // the floor launches as SwiftQK does
+  }
   const Stats st = time_it(o, s, [&](int i) { launch_qk_norm(local, data[i % sets].params, s); });
   local.synchronize(s);
   return st.median;
@@ -191,6 +193,7 @@ int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
           for (int i = 0; i < sets; ++i) {
             data.push_back(testing::make_rank(p, world, rank, testing::Layout::kSeparate));
             data.back().params.method = method;
+            data.back().params.pdl = o.pdl;
           }
           p.refill(31337);
           testing::upload_inputs(p, world, rank, data[0], s);
@@ -211,8 +214,8 @@ int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
             for (const auto& b : results) rs.push_back(from_bytes(b));
             int64_t wrong = 0;
             const auto [merged, errors] = merge(rs, wrong);
-            json j = make_row(method, m, world, t, dt, order, o.mode, merged, copy_bw, errors,
-                              wrong, std::min(world, devices), o.commit);
+            json j = make_row(method, m, world, t, dt, order, o, merged, copy_bw, errors, wrong,
+                              std::min(world, devices));
             j["timed"] = own_gpu;
             total_wrong += wrong;
             print_row(j);

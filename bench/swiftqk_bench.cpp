@@ -79,6 +79,7 @@ json run_method(const Options& o, Method method, const Model& m, int tp, Problem
     for (int r = 0; r < tp; ++r) {
       ranks.push_back(make_rank(p, tp, r, Layout::kSeparate));
       ranks.back().params.method = method;
+      ranks.back().params.pdl = o.pdl;
     }
   }
   // Correctness first, on fresh inputs into poisoned outputs, in the mode being timed.
@@ -100,8 +101,8 @@ json run_method(const Options& o, Method method, const Model& m, int tp, Problem
 
   const Stats st = time_it(o, s, launch);
   for (auto& c : comms) c.synchronize(s);
-  return make_row(method, m, tp, tokens, dt, order, o.mode, st, copy_bw, chk,
-                  chk.wrong + (chk.rstd_identical ? 0 : 1), 1, o.commit);
+  return make_row(method, m, tp, tokens, dt, order, o, st, copy_bw, chk,
+                  chk.wrong + (chk.rstd_identical ? 0 : 1), 1);
 }
 
 // What runs without a GPU: the reference against the review's worked example, and sharded
@@ -249,6 +250,9 @@ int main(int argc, char** argv) {
   app.add_option("--iters", o.iters, "timed repetitions (median and percentiles over these)");
   app.add_option("--warmup", o.warmup, "untimed repetitions first");
   app.add_option("--graph-launches", o.launches_per_graph, "launches captured per graph");
+  app.add_flag("--pdl", o.pdl,
+               "launch the fused methods with programmatic dependent launch (sm_90+): each "
+               "launch may be scheduled while the one before it finishes");
   app.add_option("--commit", o.commit, "commit recorded in the JSON");
   app.add_option("--json", sw.json_path, "write results as a JSON array here");
   app.add_option("--rank", rank, "internal: this process's rank (set by --procs)");

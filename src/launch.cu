@@ -131,6 +131,36 @@ int block_threads_target(int world) {
   return world == 1 ? kDefaultBlockThreadsAlone : kDefaultBlockThreads;
 }
 
+// Compute capability major of a device (programmatic dependent launch needs 9 or more).
+int cc_major(int device) {
+  static std::mutex mu;
+  static std::map<int, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  int v = 0;
+  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device));
+  cache[device] = v;
+  return v;
+}
+
+// One launch of a fused kernel, with the programmatic-serialization attribute when asked (the
+// kernel's griddepcontrol.wait then orders it after the previous kernel's memory operations).
+void launch_fused(KernelFn fn, dim3 grid, int block, std::size_t smem, cudaStream_t stream,
+                  const LaunchArgs& a, bool pdl) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  SWIFTQK_CUDA_TRY(cudaLaunchKernelEx(&cfg, fn, a));
+}
+
 int sm_count(int device) {
   static std::mutex mu;
   static std::map<int, int> cache;
@@ -190,8 +220,8 @@ void check_group_agrees(const std::vector<Communicator*>& comms,
     SWIFTQK_EXPECTS(
         p.tokens == p0.tokens && p.q_full_width == p0.q_full_width &&
             p.k_full_width == p0.k_full_width && p.in_dtype == p0.in_dtype && p.order == p0.order &&
-            p.eps == p0.eps && p.method == p0.method,
-        who + " differs from slot 0 in tokens, full widths, dtype, order, eps or method");
+            p.eps == p0.eps && p.method == p0.method && p.pdl == p0.pdl,
+        who + " differs from slot 0 in tokens, full widths, dtype, order, eps, method or pdl");
     SWIFTQK_EXPECTS(s.peers == s0.peers,
                     who + " belongs to another group (its peer table differs from slot 0's)");
     for (std::size_t j = 0; j < i; ++j) {
@@ -312,6 +342,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
   a.eps = p0.eps;
   a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
+  const bool pdl = p0.pdl && cc_major(s0.device) >= 9;
 
   for (int64_t first = 0; first < p0.tokens; first += per_launch) {
     const int64_t chunk = std::min(per_launch, p0.tokens - first);
@@ -325,8 +356,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     a.blocks_per_rank = g.blocks_per_rank;
     for (int i = 0; i < ranks; ++i)
       a.r[i] = detail::rank_args_for(comms[i]->state(), params[i], first);
-    fn<<<g.grid(), shape.block_threads(), smem, stream>>>(a);
-    SWIFTQK_CUDA_TRY(cudaGetLastError());
+    launch_fused(fn, g.grid(), shape.block_threads(), smem, stream, a, pdl);
   }
   for (Communicator* c : comms) c->state().end_launch(stream, capturing);
 }

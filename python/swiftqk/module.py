@@ -32,12 +32,13 @@ class TPQKNorm(nn.Module):
             without one, on `group` (or TP 1 when there is no group).
         method: "swiftqk" (default), "minimax_fused", "all_gather" or "minimax_eager".
         group: the TP process group for the torch methods (default: the communicator's).
+        enable_pdl: launch the fused methods with programmatic dependent launch (sm_90+).
     forward(q, k) takes this rank's [T, Hq/N] and [T, Hk/N] shards (views of a fused QKV
     output allowed) and returns new normalised tensors.
     """
 
     def __init__(self, q_weight, k_weight, eps, order="olmo2", comm=None, method="swiftqk",
-                 group=None):
+                 group=None, enable_pdl=False):
         super().__init__()
         if order not in ("olmo2", "llama"):
             raise ValueError(f"order must be 'olmo2' or 'llama', got {order!r}")
@@ -53,7 +54,7 @@ class TPQKNorm(nn.Module):
         if hq % self.world or hk % self.world:
             raise ValueError(f"widths {hq}/{hk} are not divisible by the TP degree {self.world}")
         self.q_full, self.k_full, self.eps, self.order = hq, hk, float(eps), order
-        self.comm, self.method = comm, method
+        self.comm, self.method, self.enable_pdl = comm, method, bool(enable_pdl)
         self.group = comm.group if isinstance(comm, FallbackCommunicator) else group
         wq, wk = hq // self.world, hk // self.world
         self.register_buffer("q_weight", q_weight.detach()[self.rank * wq:(self.rank + 1) * wq]
@@ -69,7 +70,8 @@ class TPQKNorm(nn.Module):
             if self.comm is None:
                 raise ValueError("the fused methods need a communicator (even at TP 1)")
             return qk_norm(q, k, self.q_weight, self.k_weight, self.comm, self.q_full,
-                           self.k_full, self.eps, self.order, method)
+                           self.k_full, self.eps, self.order, method,
+                           enable_pdl=self.enable_pdl)
         if method == "minimax_eager":
             return self._minimax_eager(q, k)
         return self._all_gather(q, k)

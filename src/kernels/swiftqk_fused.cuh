@@ -305,6 +305,17 @@ __device__ __forceinline__ float inv_rms(float sum_sq, float inv_full, float eps
 template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport, bool kAlone>
 __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
     swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched with programmatic dependent launch (QkNormParams::pdl), this grid may start before
+  // the previous kernel on the stream has finished: nothing in global memory (inputs, weights,
+  // the call counter, the slots) is read before that kernel and its writes are complete. Without
+  // PDL the wait returns at once. The next kernel may then be scheduled: it waits the same way
+  // for this whole grid, call counter included, so the trigger can come this early. All of this
+  // grid's blocks are resident before that kernel's can start (it launches once every block
+  // here has triggered), so it cannot take the room this grid's spin-waits rely on.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   using Tout = typename OutputOf<Tin>::type;
   using InVec = Vec<Tin, VEC>;
   using OutVec = Vec<Tout, VEC>;

@@ -58,7 +58,9 @@ def test_fp8_input_gives_bf16(sq):
     assert count_wrong(qo, gold, "olmo2") == 0
 
 
-def test_cuda_graph_replays_fresh_inputs(sq):
+@pytest.mark.parametrize("enable_pdl", [False, True])
+def test_cuda_graph_replays_fresh_inputs(sq, enable_pdl):
+    # enable_pdl: launched, and captured, with the programmatic-serialization attribute.
     comm = sq.create_local_group([0])[0]
     q_in = random_rows(64, 4096, torch.bfloat16, 7).cuda()
     k_in = random_rows(64, 4096, torch.bfloat16, 8).cuda()
@@ -67,11 +69,13 @@ def test_cuda_graph_replays_fresh_inputs(sq):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        sq.qk_norm_(q_in, k_in, wq, wk, comm, 4096, 4096, 1e-6, "olmo2", q_out=q_out, k_out=k_out)
+        sq.qk_norm_(q_in, k_in, wq, wk, comm, 4096, 4096, 1e-6, "olmo2", q_out=q_out, k_out=k_out,
+                    enable_pdl=enable_pdl)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        sq.qk_norm_(q_in, k_in, wq, wk, comm, 4096, 4096, 1e-6, "olmo2", q_out=q_out, k_out=k_out)
+        sq.qk_norm_(q_in, k_in, wq, wk, comm, 4096, 4096, 1e-6, "olmo2", q_out=q_out, k_out=k_out,
+                    enable_pdl=enable_pdl)
     for i in range(20):
         q_in.copy_(random_rows(64, 4096, torch.bfloat16, 100 + i).cuda())
         k_in.copy_(random_rows(64, 4096, torch.bfloat16, 200 + i).cuda())

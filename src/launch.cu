@@ -131,17 +131,25 @@ int block_threads_target(int world) {
   return world == 1 ? kDefaultBlockThreadsAlone : kDefaultBlockThreads;
 }
 
-// Compute capability major of a device (programmatic dependent launch needs 9 or more).
-int cc_major(int device) {
+// A device attribute, asked once per attribute and device (launches are on the hot path).
+int device_attribute(cudaDeviceAttr what, int device) {
   static std::mutex mu;
-  static std::map<int, int> cache;
+  static std::map<std::pair<int, int>, int> cache;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(device);
+  const auto key = std::make_pair(static_cast<int>(what), device);
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   int v = 0;
-  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device));
-  cache[device] = v;
+  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&v, what, device));
+  cache[key] = v;
   return v;
+}
+
+int sm_count(int device) { return device_attribute(cudaDevAttrMultiProcessorCount, device); }
+
+// Programmatic dependent launch needs compute capability 9.0 or later.
+bool supports_pdl(int device) {
+  return device_attribute(cudaDevAttrComputeCapabilityMajor, device) >= 9;
 }
 
 // One launch of a fused kernel, with the programmatic-serialization attribute when asked (the
@@ -159,18 +167,6 @@ void launch_fused(KernelFn fn, dim3 grid, int block, std::size_t smem, cudaStrea
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   SWIFTQK_CUDA_TRY(cudaLaunchKernelEx(&cfg, fn, a));
-}
-
-int sm_count(int device) {
-  static std::mutex mu;
-  static std::map<int, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(device);
-  if (it != cache.end()) return it->second;
-  int n = 0;
-  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  cache[device] = n;
-  return n;
 }
 
 template <typename T>
@@ -342,7 +338,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
   a.eps = p0.eps;
   a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
-  const bool pdl = p0.pdl && cc_major(s0.device) >= 9;
+  const bool pdl = p0.pdl && supports_pdl(s0.device);
 
   for (int64_t first = 0; first < p0.tokens; first += per_launch) {
     const int64_t chunk = std::min(per_launch, p0.tokens - first);

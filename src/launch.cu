@@ -147,9 +147,22 @@ int device_attribute(cudaDeviceAttr what, int device) {
 
 int sm_count(int device) { return device_attribute(cudaDevAttrMultiProcessorCount, device); }
 
-// Programmatic dependent launch needs compute capability 9.0 or later.
-bool supports_pdl(int device) {
-  return device_attribute(cudaDevAttrComputeCapabilityMajor, device) >= 9;
+// Whether `fn` may be launched with programmatic dependent launch on `device`: the device must
+// be sm_90 or later AND the code it runs must have been compiled for sm_90 or later, since only
+// that code holds the kernel's griddepcontrol.wait. (A build for sm_80 alone runs on an H100 or
+// H200 as PTX compiled at load time, __CUDA_ARCH__ 800, without the wait: launched with PDL it
+// would read its inputs before the previous kernel had written them.)
+bool can_launch_pdl(KernelFn fn, int device) {
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor, device) < 9) return false;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(reinterpret_cast<const void*>(fn), device);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  cudaFuncAttributes attr;
+  SWIFTQK_CUDA_TRY(cudaFuncGetAttributes(&attr, fn));
+  return cache[key] = attr.ptxVersion >= 90;
 }
 
 // One launch of a fused kernel, with the programmatic-serialization attribute when asked (the
@@ -338,7 +351,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
   a.eps = p0.eps;
   a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
-  const bool pdl = p0.pdl && supports_pdl(s0.device);
+  const bool pdl = p0.pdl && can_launch_pdl(fn, s0.device);
 
   for (int64_t first = 0; first < p0.tokens; first += per_launch) {
     const int64_t chunk = std::min(per_launch, p0.tokens - first);

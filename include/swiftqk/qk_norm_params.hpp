@@ -31,7 +31,8 @@ struct QkNormParams {
   NormOrder order = NormOrder::kOlmo2;
   float* rstd_out = nullptr;         ///< optional [tokens, 2] fp32: the 1/rms used for (q, k)
   Method method = Method::kSwiftQK;  ///< how partial sums travel (baselines for comparison)
-  /// Programmatic dependent launch (sm_90 and later; ignored before, and by the NCCL methods):
+  /// Programmatic dependent launch (ignored by the NCCL methods, and unless both the device and
+  /// the code built for it are sm_90 or later):
   /// the fused kernel may be scheduled while the previous kernel on the stream is finishing,
   /// and waits for it (griddepcontrol.wait) before it reads anything; it lets the next kernel
   /// launched this way be scheduled early in turn. What it saves is launch latency between

@@ -32,7 +32,7 @@ class TPQKNorm(nn.Module):
             without one, on `group` (or TP 1 when there is no group).
         method: "swiftqk" (default), "minimax_fused", "all_gather" or "minimax_eager".
         group: the TP process group for the torch methods (default: the communicator's).
-        enable_pdl: launch the fused methods with programmatic dependent launch (sm_90+).
+        enable_pdl: launch the fused methods with programmatic dependent launch (qk_norm_).
     forward(q, k) takes this rank's [T, Hq/N] and [T, Hk/N] shards (views of a fused QKV
     output allowed) and returns new normalised tensors.
     """

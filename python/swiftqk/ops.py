@@ -33,9 +33,9 @@ def qk_norm_(
 
     Writes q_out/k_out (default: in place into q and k) and returns them. Every rank of the
     communicator's group must make the same call. ``comm`` is a swiftqk.Communicator.
-    ``enable_pdl`` launches with programmatic dependent launch (sm_90+, ignored before): the
-    kernel may be scheduled while the previous kernel on the stream finishes, and waits for it
-    before reading anything.
+    ``enable_pdl`` launches with programmatic dependent launch: the kernel may be scheduled
+    while the previous kernel on the stream finishes, and waits for it before reading anything.
+    Ignored unless both the GPU and the extension's build are sm_90 or later.
     """
     q_out = q if q_out is None else q_out
     k_out = k if k_out is None else k_out

@@ -8,18 +8,31 @@
 
 namespace swiftqk::detail {
 
+/// L2 policy of every slot access: evict last. Between a token's publish and its collect the
+/// kernel streams rows through L2, and without the hint the slot lines were evicted: each
+/// 16-byte publish then reached DRAM as a partial-sector write (Nsight Compute, virtual TP 8,
+/// OLMoE, 4096 tokens: 22 MB more DRAM writes for 4 MB of partials) and each collect missed L2.
+/// With it, virtual TP 2-8 at 4096 tokens were 1-8% faster (docs/results.md, session 9). The
+/// hint changes no value and no ordering; scope (.gpu instead of .sys) made no difference.
+__device__ __forceinline__ uint64_t slot_cache_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
 // A slot is two 64-bit words {value bits | tag << 32}. Each word is single-copy atomic, so a
 // reader that sees the expected tag in a word also sees that word's value; both words are
 // checked because the 16-byte vector access as a whole is not atomic.
 __device__ __forceinline__ void store_slot_sys(uint64_t* p, uint64_t w0, uint64_t w1) {
-  asm volatile("st.relaxed.sys.global.v2.b64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1)
+  asm volatile("st.relaxed.sys.global.L2::cache_hint.v2.b64 [%0], {%1, %2}, %3;" ::"l"(p), "l"(w0),
+               "l"(w1), "l"(slot_cache_policy())
                : "memory");
 }
 
 __device__ __forceinline__ void load_slot_sys(const uint64_t* p, uint64_t& w0, uint64_t& w1) {
-  asm volatile("ld.relaxed.sys.global.v2.b64 {%0, %1}, [%2];"
+  asm volatile("ld.relaxed.sys.global.L2::cache_hint.v2.b64 {%0, %1}, [%2], %3;"
                : "=l"(w0), "=l"(w1)
-               : "l"(p)
+               : "l"(p), "l"(slot_cache_policy())
                : "memory");
 }
 

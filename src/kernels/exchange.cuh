@@ -8,12 +8,14 @@
 
 namespace swiftqk::detail {
 
-/// L2 policy of every slot access: evict last. Between a token's publish and its collect the
-/// kernel streams rows through L2, and without the hint the slot lines were evicted: each
-/// 16-byte publish then reached DRAM as a partial-sector write (Nsight Compute, virtual TP 8,
-/// OLMoE, 4096 tokens: 22 MB more DRAM writes for 4 MB of partials) and each collect missed L2.
-/// With it, virtual TP 2-8 at 4096 tokens were 1-8% faster (docs/results.md, session 9). The
-/// hint changes no value and no ordering; scope (.gpu instead of .sys) made no difference.
+/// L2 policy of every slot access: evict last. Each call streams all its rows through L2, so
+/// without the hint a slot line is likely gone by the time it is written or polled again. What
+/// was measured on one H200 (docs/logs/2026-11-30_h200_session9.md): a build that only publishes
+/// (no collect) wrote 22 MB more to DRAM than one without any exchange, for 4 MB of 16-byte
+/// partials (virtual TP 8, OLMoE, 4096 tokens), which fits partial-sector writes of evicted
+/// lines. With the hint, graph-replayed virtual TP 2-8 at 4096 tokens were 1-7% faster; two GPUs
+/// at TP 2 were level at 1-4096 tokens and 1-2% faster at 16384. The hint changes no value and
+/// no ordering; a narrower scope (.gpu instead of .sys) made no difference.
 __device__ __forceinline__ uint64_t slot_cache_policy() {
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));

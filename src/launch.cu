@@ -73,6 +73,47 @@ KernelFn pick_kernel(DType t, bool vector_path, int vpt, Method m, NormOrder o, 
   SWIFTQK_FAIL("unknown dtype");
 }
 
+// A device attribute, asked once per attribute and device (launches are on the hot path).
+int device_attribute(cudaDeviceAttr what, int device) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(static_cast<int>(what), device);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int v = 0;
+  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&v, what, device));
+  cache[key] = v;
+  return v;
+}
+
+int sm_count(int device) { return device_attribute(cudaDevAttrMultiProcessorCount, device); }
+
+// A kernel's attributes on a device (the caller has made it current), asked once per kernel and
+// device: static shared memory and the PTX version of the code the device runs.
+cudaFuncAttributes func_attributes(KernelFn fn, int device) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, cudaFuncAttributes> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(reinterpret_cast<const void*>(fn), device);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  cudaFuncAttributes attr;
+  SWIFTQK_CUDA_TRY(cudaFuncGetAttributes(&attr, fn));
+  cache[key] = attr;
+  return attr;
+}
+
+// Whether `fn` may be launched with programmatic dependent launch on `device`: the device must
+// be sm_90 or later AND the code it runs must have been compiled for sm_90 or later, since only
+// that code holds the kernel's griddepcontrol.wait. (A build for sm_80 alone runs on an H100 or
+// H200 as PTX compiled at load time, __CUDA_ARCH__ 800, without the wait: launched with PDL it
+// would read its inputs before the previous kernel had written them.)
+bool can_launch_pdl(KernelFn fn, int device) {
+  return device_attribute(cudaDevAttrComputeCapabilityMajor, device) >= 9 &&
+         func_attributes(fn, device).ptxVersion >= 90;
+}
+
 // Occupancy, asked once per kernel, block size, shared memory and device. The first time a
 // kernel is seen on a device its dynamic shared-memory limit is raised to the device's maximum,
 // once, so every later launch of it (any row length) is allowed.
@@ -87,12 +128,9 @@ int max_blocks_per_sm(KernelFn fn, int block, std::size_t smem, int device) {
   if (it != cache.end()) return it->second;
   auto lim = limit.find({f, device});
   if (lim == limit.end()) {
-    int optin = 0;
-    SWIFTQK_CUDA_TRY(
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cudaFuncAttributes attr;
-    SWIFTQK_CUDA_TRY(cudaFuncGetAttributes(&attr, fn));
-    const std::size_t dynamic_max = optin - attr.sharedSizeBytes;
+    const std::size_t dynamic_max =
+        device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device) -
+        func_attributes(fn, device).sharedSizeBytes;
     SWIFTQK_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(dynamic_max)));
     lim = limit.emplace(std::make_pair(f, device), dynamic_max).first;
@@ -129,40 +167,6 @@ int block_threads_target(int world) {
   static const int forced = tuning_override("SWIFTQK_BLOCK_THREADS", 32, 1024, "a thread count");
   if (forced != 0) return forced;
   return world == 1 ? kDefaultBlockThreadsAlone : kDefaultBlockThreads;
-}
-
-// A device attribute, asked once per attribute and device (launches are on the hot path).
-int device_attribute(cudaDeviceAttr what, int device) {
-  static std::mutex mu;
-  static std::map<std::pair<int, int>, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(static_cast<int>(what), device);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int v = 0;
-  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&v, what, device));
-  cache[key] = v;
-  return v;
-}
-
-int sm_count(int device) { return device_attribute(cudaDevAttrMultiProcessorCount, device); }
-
-// Whether `fn` may be launched with programmatic dependent launch on `device`: the device must
-// be sm_90 or later AND the code it runs must have been compiled for sm_90 or later, since only
-// that code holds the kernel's griddepcontrol.wait. (A build for sm_80 alone runs on an H100 or
-// H200 as PTX compiled at load time, __CUDA_ARCH__ 800, without the wait: launched with PDL it
-// would read its inputs before the previous kernel had written them.)
-bool can_launch_pdl(KernelFn fn, int device) {
-  if (device_attribute(cudaDevAttrComputeCapabilityMajor, device) < 9) return false;
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, bool> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(reinterpret_cast<const void*>(fn), device);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  cudaFuncAttributes attr;
-  SWIFTQK_CUDA_TRY(cudaFuncGetAttributes(&attr, fn));
-  return cache[key] = attr.ptxVersion >= 90;
 }
 
 // One launch of a fused kernel, with the programmatic-serialization attribute when asked (the

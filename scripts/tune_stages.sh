@@ -44,7 +44,16 @@ shape_run() {  # shape, run name suffix
 IFS=, read -ra ds <<<"$depths"
 shape_run "${ds[0]}" _first
 IFS=, read -ra others <<<"$other"
-for b in "${others[@]}"; do run "$(basename "$(dirname "$b")")" "$b"; done
+# Another build is named by its folder: build/old/swiftqk_bench and build/old/bench/swiftqk_bench
+# are both "old" (the folder "bench" alone would name every build the same and each run would
+# overwrite the last one's results); a name already taken gets its position appended.
+for i in "${!others[@]}"; do
+  b=${others[$i]} d=$(dirname "${others[$i]}")
+  [ "$(basename "$d")" = bench ] && d=$(dirname "$d")
+  name=$(basename "$d")
+  for r in "${runs[@]}"; do [ "$r" = "$name" ] && name="${name}_$i"; done
+  run "$name" "$b"
+done
 for d in "${ds[@]:1}"; do shape_run "$d" ""; done
 shape_run "${ds[0]}" _again
 python3 - "$OUT" "${runs[@]}" <<'EOF' | tee "$OUT/tune_table.txt"

@@ -359,8 +359,8 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
 
   for (int64_t first = 0; first < p0.tokens; first += per_launch) {
     const int64_t chunk = std::min(per_launch, p0.tokens - first);
-    const GridPlan g = plan_grid(chunk, ranks, shape.tokens_per_block, occ, sm_count(s0.device),
-                                 s0.config.sm_budget);
+    const GridPlan g =
+        plan_grid(chunk, ranks, shape.tokens_per_block, occ, sms, s0.config.sm_budget);
     a.tokens = chunk;
     // The chunk's token count is hashed too: a peer called with another token count must not
     // lend its partials to this call's first tokens (every token then times out, naming it).

@@ -156,10 +156,27 @@ constexpr std::size_t workspace_bytes(int world, int64_t capacity) {
 }
 
 /// @brief The tag of call number `call` (the device counter before it is advanced): never 0,
-/// which marks a consumed slot, and calls wrap at 2^30 so bank = call & 1 alternates forever.
-constexpr uint32_t tag_for_call(uint32_t call) { return (call & 0x3fffffffu) + 1u; }
+/// which is what a zeroed slot holds, and calls wrap at 2^30 so bank = call & 1 alternates forever.
+constexpr uint32_t kCallPeriod = 1u << 30;
+constexpr uint32_t tag_for_call(uint32_t call) { return (call & (kCallPeriod - 1u)) + 1u; }
 constexpr int bank_for_call(uint32_t call) { return static_cast<int>(call & 1u); }
-constexpr uint32_t next_call(uint32_t call) { return (call + 1u) & 0x3fffffffu; }
+constexpr uint32_t next_call(uint32_t call) { return (call + 1u) & (kCallPeriod - 1u); }
+
+/// @brief Consumed slots are not cleared one by one (a store per slot cost about 1 us at virtual
+/// TP 2 on 4096 tokens, docs/results.md session 11). Instead, calls whose number is one of the
+/// last two before a multiple of kScrubPeriod ("scrub calls") zero the whole bank they used, all
+/// `capacity` tokens, at the end of the kernel. A value left in a slot by call c0 could only be
+/// taken for a later call c1 of the same tag, i.e. kCallPeriod calls later; every kScrubPeriod
+/// calls there is a scrub call of each parity, so a scrub of c0's bank comes between them (any
+/// kScrubPeriod up to kCallPeriod would do; docs/design.md, "Tags, banks, and why slot reuse is
+/// safe").
+/// `period` is a parameter only for the CPU model, which shrinks both periods.
+constexpr uint32_t kScrubPeriod = 1u << 28;
+constexpr bool is_scrub_call(uint32_t call, uint32_t period = kScrubPeriod) {
+  return (call & (period - 1u)) >= period - 2u || period <= 2u;
+}
+static_assert(kScrubPeriod % 2 == 0 && kCallPeriod % kScrubPeriod == 0,
+              "each parity must be scrubbed between two uses of one tag");
 
 /// @brief Tag of the k word: the call tag xor a hash of what every rank must agree on (full
 /// widths, world size, eps, order, and the launch chunk's token count). Its top bit is set, so it

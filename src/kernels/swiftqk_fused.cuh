@@ -187,7 +187,7 @@ __device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra,
                                         int t, uint32_t tag, uint32_t ktag, float& q, float& k,
                                         bool want, int sl, int W) {
   const bool watch = want && e.watch != nullptr;
-  uint64_t* mine = watch ? e.watch + static_cast<int64_t>(t) * token_words : nullptr;
+  const uint64_t* mine = watch ? e.watch + static_cast<int64_t>(t) * token_words : nullptr;
   uint64_t w0 = 0, w1 = 0;
   bool have = !watch;
   uint64_t start = 0;  // the clock starts at the first timeout check, off the fast path
@@ -220,11 +220,33 @@ __device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra,
     tq = __shfl_sync(kFullMask, tq, 0, W);
     tk = __shfl_sync(kFullMask, tk, 0, W);
   }
-  // Consumed: mark the slot empty so that only a fresh write can ever match a tag again.
-  if (watch) store_slot_sys(mine, 0ull, 0ull);
+  // The slot is not cleared: the next use of this bank has another tag, and a tag can only
+  // repeat after kCallPeriod calls, with scrub calls in between (scrub_own_slots).
   q = tq;
   k = tk;
   return true;
+}
+
+/// In scrub calls (is_scrub_call), after the group's last collect: zero the slots of every
+/// token of the group's sequence (first, + step, ...) up to the workspace's capacity, this rank's
+/// bank of this call. No other group of this rank reads them (the sequences partition the
+/// tokens), the group has read its own, those past the call's token count are stale, and no peer
+/// writes this bank again before this rank has published the next call, after this kernel (the
+/// reuse argument in docs/design.md). All G lanes share the stores. Twice per kScrubPeriod calls,
+/// so written for brevity, not speed.
+__device__ inline void scrub_own_slots(const LaunchArgs& a, const RankArgs& ra, int bank,
+                                       int first_token, int step, int gt, int G) {
+  const int64_t tokens =
+      first_token < a.capacity ? (a.capacity - first_token + step - 1) / step : 0;
+  const int64_t slots = tokens * a.world;
+  for (int64_t i = gt; i < slots; i += G) {
+    const int64_t k = i / a.world;
+    const int src = static_cast<int>(i - k * a.world);
+    store_slot_sys(
+        reinterpret_cast<uint64_t*>(
+            ra.local_ws + slot_offset(a.world, a.capacity, bank, first_token + k * step, src)),
+        0ull, 0ull);
+  }
 }
 
 /// Asynchronous 16-byte global-to-shared copy (completes per thread at cp_async_wait) to the
@@ -592,6 +614,9 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
     }
   }
   if constexpr (VPT > 0) cp_async_wait<0>();  // no copy may land after the block exits
+  if constexpr (!kAlone && !kLamport) {
+    if (is_scrub_call(call)) scrub_own_slots(a, ra, bank, first + g, step, gt, G);
+  }
 
   // With peers, the last block of this rank to finish advances the rank's call counter
   // (device-resident, so CUDA-graph replays stay in step). No fence: the next launch on the

@@ -2,8 +2,9 @@
 // exchange_partials and the call-counter advance at the end of swiftqk_fused_kernel), with one
 // std::thread per rank and short-lived worker threads per call standing in for the rank's blocks.
 // It shows that reusing the two slot banks across consecutive calls is safe while ranks drift
-// apart, including across the wrap of the 30-bit call counter, and, with deliberately broken
-// variants, that the model does detect a broken protocol.
+// apart, including across the wrap of the 30-bit call counter and with tags that repeat far
+// sooner than on the GPU (so that the scrub calls are what keeps a stale slot from matching),
+// and, with deliberately broken variants, that the model does detect a broken protocol.
 //
 // What is modelled, as in the kernel:
 //  - Each rank owns a workspace of kSlotBanks x capacity x world slots laid out by slot_offset();
@@ -17,8 +18,10 @@
 //    partials into slot [bank][t][rank] of EVERY rank (itself included); then, D tokens later
 //    (the kernel's deferral depth, drawn per rank and call from [0, max_defer] so that ranks with
 //    different depths meet too; the rest at the end), it waits with a deadline for all world
-//    slots [bank][t][*] of its own workspace to carry (tag, ktag), sums them in rank order
-//    0..world-1 in float, and clears its own slots to 0.
+//    slots [bank][t][*] of its own workspace to carry (tag, ktag) and sums them in rank order
+//    0..world-1 in float. Consumed slots keep their contents.
+//  - In scrub calls (is_scrub_call) each worker, after its last collect, zeroes the slots of its
+//    own token sequence up to the capacity in the call's bank (scrub_own_slots).
 //  - When all workers of a rank have been joined (the kernel has finished), the counter advances
 //    with next_call(). W is drawn per rank and call: ranks need not agree on it.
 //  - A kernel launch boundary orders everything a rank did in call c before what it does in call
@@ -61,9 +64,11 @@ struct Knobs {
   bool random_delays = true;
   std::chrono::milliseconds deadline{10000};  // per token wait; a hang fails instead
   // Broken variants (negative controls); the defaults are the real protocol.
-  int fixed_tokens = -1;       // >= 0: every call has this many tokens
-  bool two_banks = true;       // false: every call uses bank 0
-  bool clear_slots = true;     // false: consumed slots keep their contents
+  int fixed_tokens = -1;                 // >= 0: every call has this many tokens
+  bool two_banks = true;                 // false: every call uses bank 0
+  bool scrub = true;                     // false: no scrub calls
+  bool scrub_to_capacity = true;         // false: a scrub zeroes only the call's tokens' slots
+  uint32_t scrub_period = kScrubPeriod;  // scrub calls are the last two of every period
   uint32_t tag_period = 0;     // > 0: tag = tag_for_call(call % tag_period), i.e. tags are reused
   int skip_rank = -1;          // this rank advances its counter an extra time ...
   int skip_at = -1;            // ... before its first call with tokens at or after skip_at
@@ -198,10 +203,10 @@ class Model {
       std::vector<std::thread> blocks;
       for (int b = 0; b < workers; ++b) {
         const uint64_t worker_seed = rank_rng();
-        blocks.emplace_back(
-            [this, r, i, done, tokens, b, workers, rows, defer, tag, ktag, bank, worker_seed] {
-              Worker(r, i, done, tokens, b, workers, rows, defer, tag, ktag, bank, worker_seed);
-            });
+        blocks.emplace_back([this, r, i, done, call, tokens, b, workers, rows, defer, tag, ktag,
+                             bank, worker_seed] {
+          Worker(r, i, done, call, tokens, b, workers, rows, defer, tag, ktag, bank, worker_seed);
+        });
       }
       for (std::thread& t : blocks) t.join();
       // The kernel has finished: the last block advanced the counter.
@@ -215,9 +220,11 @@ class Model {
   // One warp of the kernel: `rows` groups of it (1 = a group of a warp or more; 2 or 4 = packed
   // rows, groups of 16 or 8 lanes) take tokens b * rows + j, + workers * rows, ... Each
   // iteration every group publishes its row, then the warp collects the rows of D iterations
-  // back together (it leaves the collect only when all of them are in).
-  void Worker(int r, int call_index, int64_t done, int64_t tokens, int b, int workers, int rows,
-              int defer, uint32_t tag, uint32_t ktag, int bank, uint64_t seed) {
+  // back together (it leaves the collect only when all of them are in). In a scrub call it then
+  // zeroes its sequence's slots up to the capacity.
+  void Worker(int r, int call_index, int64_t done, uint32_t call, int64_t tokens, int b,
+              int workers, int rows, int defer, uint32_t tag, uint32_t ktag, int bank,
+              uint64_t seed) {
     std::atomic_thread_fence(std::memory_order_seq_cst);  // kernel start
     std::mt19937_64 rng(seed);
     std::vector<std::vector<int64_t>> pending;  // per iteration, rows published and not collected
@@ -244,6 +251,20 @@ class Model {
         Publish(r, done, now[j], call_index, tag, ktag, bank, rng);
       }
       if (!more && pending.empty()) break;
+    }
+    if (k_.scrub && is_scrub_call(call, k_.scrub_period)) {
+      MaybeDelay(rng, 4, 200);  // a slow scrub must not erase a peer's next write
+      const int64_t end = k_.scrub_to_capacity ? k_.capacity : tokens;
+      for (int64_t base = static_cast<int64_t>(b) * rows; base < end;
+           base += static_cast<int64_t>(workers) * rows) {
+        for (int j = 0; j < rows && base + j < end; ++j) {
+          for (int src = 0; src < k_.world; ++src) {
+            const std::size_t s = word_index(bank, base + j, src);
+            ws_[r][s].store(0, std::memory_order_relaxed);
+            ws_[r][s + 1].store(0, std::memory_order_relaxed);
+          }
+        }
+      }
     }
     std::atomic_thread_fence(std::memory_order_seq_cst);  // kernel end
   }
@@ -336,15 +357,6 @@ class Model {
         return false;
       }
       exchanges_.fetch_add(1, std::memory_order_relaxed);
-      MaybeDelay(rng, 48, 200);  // a slow clear must not erase a peer's next write
-
-      if (k_.clear_slots) {
-        for (int j = 0; j < world; ++j) {
-          const std::size_t s = word_index(bank, t, j);
-          mine[s].store(0, std::memory_order_relaxed);
-          mine[s + 1].store(0, std::memory_order_relaxed);
-        }
-      }
     }
     return true;
   }
@@ -485,15 +497,43 @@ TEST(ProtocolModel, OneTokenCallsAndOneSlotCapacity) {
   ExpectCorrect(k);
 }
 
-TEST(ProtocolModel, ClearingMakesReusedTagsSafe) {
-  // Tags that repeat every other call (as after the 2^30 wrap, only sooner) are still safe,
-  // because a consumed slot is cleared and only a fresh write can match again.
-  Knobs k;
-  k.world = 4;
-  k.calls = 800;
-  k.tag_period = 2;
-  k.seed = 8;
-  ExpectCorrect(k);
+TEST(ProtocolModel, ScrubCallsMakeReusedTagsSafe) {
+  // Tags that repeat every 8 calls (as after the 2^30 wrap, only far sooner) with scrub calls
+  // every 4, and tags that repeat every other call with a scrub in every call: a slot left from
+  // an earlier use of the same tag is zeroed before that tag comes back, so only a fresh write
+  // can match it. Token counts vary per call, so slots past a call's tokens stay stale for many
+  // calls and only the scrub up to the capacity removes them.
+  for (const auto& [tag_period, scrub_period] : {std::pair{8u, 4u}, std::pair{2u, 1u}}) {
+    Knobs k;
+    k.world = 4;
+    k.calls = 800;
+    k.tag_period = tag_period;
+    k.scrub_period = scrub_period;
+    k.seed = 8 + tag_period;
+    ExpectCorrect(k);
+  }
+}
+
+TEST(ProtocolModel, ScrubCallsCoverEveryReuseOfATag) {
+  // The rule behind is_scrub_call, checked over whole call sequences: for every call c0 and the
+  // next call c1 > c0 with the same tag (tag period P), some call in [c0, c1) of c0's bank is a
+  // scrub call (scrub period S). It holds for every power of two S up to P (the GPU's S is a
+  // quarter of P) and fails for S = 2P.
+  auto covered = [](uint32_t P, uint32_t S) {
+    for (uint32_t c0 = 0; c0 < 4 * P; ++c0) {
+      bool ok = false;
+      for (uint32_t c = c0; c < c0 + P; c += 2) ok = ok || is_scrub_call(c, S);
+      if (!ok) return false;
+    }
+    return true;
+  };
+  for (uint32_t P : {2u, 4u, 8u, 64u, 1024u}) {
+    for (uint32_t S = 1; S <= P; S *= 2) EXPECT_TRUE(covered(P, S)) << "P " << P << " S " << S;
+    EXPECT_FALSE(covered(P, 2 * P)) << "P " << P;
+  }
+  EXPECT_TRUE(is_scrub_call(kScrubPeriod - 2) && is_scrub_call(kScrubPeriod - 1));
+  EXPECT_FALSE(is_scrub_call(0) || is_scrub_call(1) || is_scrub_call(kScrubPeriod));
+  EXPECT_TRUE(is_scrub_call(kCallPeriod - 1));  // the last call before the counter wraps
 }
 
 // ---------------------------------------------------------------- negative controls
@@ -564,14 +604,48 @@ TEST(ProtocolModelNegative, SingleBankWithRepeatedTagsGivesAWrongSum) {
   EXPECT_GT(o.wrong_sums, 0);
 }
 
-TEST(ProtocolModelNegative, NoClearingWithRepeatedTagsReadsAStaleSlot) {
-  // Tags repeat every other call and slots are not cleared: a reader two calls later finds the
+TEST(ProtocolModelNegative, NoScrubWithRepeatedTagsReadsAStaleSlot) {
+  // Tags repeat every other call and nothing is scrubbed: a reader two calls later finds the
   // slow rank's old partial under the matching tag and sums it.
   Knobs k = WriterDawdlesSchedule();
-  k.clear_slots = false;
+  k.scrub = false;
   k.tag_period = 2;
   const Outcome o = RunBroken(k);
   EXPECT_GT(o.wrong_sums, 0);
+}
+
+TEST(ProtocolModelNegative, ScrubsRarerThanTheTagPeriodReadAStaleSlot) {
+  // Tags repeat every other call, scrubs come in two calls of every four: the calls after an
+  // unscrubbed one read its partials as theirs.
+  Knobs k = WriterDawdlesSchedule();
+  k.tag_period = 2;
+  k.scrub_period = 4;
+  const Outcome o = RunBroken(k);
+  EXPECT_GT(o.wrong_sums, 0);
+  k.scrub_period = 2;  // the same schedule with scrubs as often as the tags repeat is correct
+  const Outcome fixed = Model(k).Run();
+  EXPECT_EQ(fixed.wrong_sums + fixed.timeouts, 0) << fixed.first_failure;
+  EXPECT_EQ(fixed.exchanges, ExpectedExchanges(k));
+}
+
+TEST(ProtocolModelNegative, ScrubOfOnlyTheCallsTokensLeavesStaleSlots) {
+  // A scrub that zeroes only the slots of the call's own tokens leaves those of an earlier,
+  // longer call: when a later call with the same tag reaches that token first, the slow writer's
+  // stale partial is taken.
+  Knobs k = WriterDawdlesSchedule();
+  k.fixed_tokens = -1;  // token counts drawn per call from [0, capacity]
+  k.capacity = 6;
+  k.calls = 80;
+  k.slow_us = 1000;
+  k.tag_period = 8;
+  k.scrub_period = 4;
+  k.scrub_to_capacity = false;
+  const Outcome o = RunBroken(k);
+  EXPECT_GT(o.wrong_sums, 0);
+  k.scrub_to_capacity = true;  // the same schedule with the whole bank scrubbed is correct
+  const Outcome fixed = Model(k).Run();
+  EXPECT_EQ(fixed.wrong_sums + fixed.timeouts, 0) << fixed.first_failure;
+  EXPECT_EQ(fixed.exchanges, ExpectedExchanges(k));
 }
 
 TEST(ProtocolModelNegative, PackedWarpCollectingBeforeAllItsRowsArePublishedHangs) {

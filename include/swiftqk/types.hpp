@@ -28,7 +28,8 @@ constexpr DType output_dtype_for(DType in) { return in == DType::kF8E4M3 ? DType
 
 /// @brief How the (q, k) partial sums travel between ranks.
 enum class Method : int {
-  /// SwiftQK: tagged slots, consumed-and-cleared by the reader, collect deferred by one token.
+  /// SwiftQK: slots tagged with the call (read, not cleared; scrub calls zero a bank twice per
+  /// 2^28 calls), each token's collect deferred by log2(TP) tokens.
   kSwiftQK = 0,
   /// The MiniMax-fused design (vLLM minimax_allreduce_rms_qk, TRT-LLM MiniMaxReduceRMSKernel),
   /// on SwiftQK's data path: Lamport slots (data is its own flag, -0.0 = empty), three buffers

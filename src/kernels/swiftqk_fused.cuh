@@ -1,6 +1,7 @@
 // The SwiftQK fused kernel: per token and rank, (A) local sums of squares of the Q and K shard
 // rows, (B) the rank's two partials pushed into every peer's slot while the weights load, then
-// a bounded wait for all peers' partials, summed in rank order, and (C) the scaled output.
+// a bounded wait for all peers' partials, summed in the same tree on every rank, and (C) the
+// scaled output.
 // Persistent: the grid is bounded by residency (plan_grid), each block walks tokens in
 // increasing order, so every wait is on a token some resident block will publish.
 #pragma once

@@ -175,17 +175,6 @@ __global__ void probe_kernel(uint8_t* const* peers, uint8_t* local, int rank, in
 using detail::CommState;
 using detail::DeviceGuard;
 
-std::string DeviceFailure::describe() const {
-  if (code == 0) return "no failure";
-  std::ostringstream s;
-  s << "rank " << rank << " timed out waiting for rank " << peer << "'s partial sums of token "
-    << token << " (expected tag " << expected_tag << ", found "
-    << (seen_tag == 0 ? std::string("nothing") : std::to_string(seen_tag))
-    << "): the peer did not make the same call (missing, different token count, widths, eps "
-       "or call sequence) or its writes never arrive";
-  return s.str();
-}
-
 Communicator::Communicator(std::unique_ptr<CommState> state) : state_(std::move(state)) {}
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;

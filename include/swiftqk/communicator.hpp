@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "swiftqk/device_failure.hpp"
 #include "swiftqk/qk_norm_params.hpp"
 
 typedef struct ncclComm* ncclComm_t;
@@ -24,17 +25,6 @@ struct CommConfig {
   /// from_nccl only: false keeps the exchange on NCCL (the all-reduce path) even where P2P works
   /// (for A/B runs and debugging); every rank must give the same value.
   bool use_p2p = true;
-};
-
-/// @brief What a failed device-side wait recorded (copied from host-mapped memory, no sync).
-struct DeviceFailure {
-  uint32_t code = 0;          ///< 0 none, 1 timeout, 2 bad tag
-  int32_t rank = -1;          ///< rank that waited
-  int32_t peer = -1;          ///< rank whose partial never arrived
-  int64_t token = -1;         ///< token (within the launch chunk) it waited for
-  uint32_t expected_tag = 0;  ///< tag the waiting rank expected
-  uint32_t seen_tag = 0;      ///< tag found in the slot (0 = nothing written)
-  std::string describe() const;
 };
 
 namespace detail {

@@ -1,0 +1,67 @@
+// The error text a failed exchange turns into: it names the ranks and the token, and reads the
+// slot's last contents (nothing, this call's tag with another configuration, an earlier call's
+// tag) as the likely cause.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "swiftqk/device_failure.hpp"
+#include "swiftqk/plan.hpp"
+
+namespace swiftqk {
+namespace {
+
+DeviceFailure timeout(uint32_t expected, uint32_t seen) {
+  DeviceFailure f;
+  f.code = 1;
+  f.rank = 2;
+  f.peer = 5;
+  f.token = 1234;
+  f.expected_tag = expected;
+  f.seen_tag = seen;
+  return f;
+}
+
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(DeviceFailure, NoFailure) { EXPECT_EQ(DeviceFailure{}.describe(), "no failure"); }
+
+TEST(DeviceFailure, EveryTimeoutNamesTheRanksAndTheToken) {
+  for (const auto& [expected, seen] :
+       {std::pair{tag_for_call(7), 0u}, std::pair{tag_for_call(7), tag_for_call(7)},
+        std::pair{tag_for_call(7), tag_for_call(5)}, std::pair{0u, 0u}}) {
+    const std::string d = timeout(expected, seen).describe();
+    EXPECT_TRUE(has(d, "rank 2 timed out waiting for rank 5")) << d;
+    EXPECT_TRUE(has(d, "token 1234")) << d;
+  }
+}
+
+TEST(DeviceFailure, AnEmptySlotMeansThePeerDidNotCall) {
+  const std::string d = timeout(tag_for_call(7), 0).describe();
+  EXPECT_TRUE(has(d, "found nothing")) << d;
+  EXPECT_TRUE(has(d, "did not make this call")) << d;
+}
+
+TEST(DeviceFailure, ThisCallsTagWithAnotherHashMeansAnotherConfiguration) {
+  const std::string d = timeout(tag_for_call(7), tag_for_call(7)).describe();
+  EXPECT_TRUE(has(d, "another configuration hash")) << d;
+  EXPECT_TRUE(has(d, "token count")) << d;
+  EXPECT_FALSE(has(d, "did not make this call")) << d;
+}
+
+TEST(DeviceFailure, AnEarlierCallsTagMeansTheSequencesDiffer) {
+  const std::string d = timeout(tag_for_call(7), tag_for_call(5)).describe();
+  EXPECT_TRUE(has(d, "found tag " + std::to_string(tag_for_call(5)))) << d;
+  EXPECT_TRUE(has(d, "earlier call")) << d;
+}
+
+TEST(DeviceFailure, TheUntaggedMiniMaxExchangeSaysNoTag) {
+  const std::string d = timeout(0, 0).describe();
+  EXPECT_FALSE(has(d, "tag")) << d;
+  EXPECT_TRUE(has(d, "did not make the same call")) << d;
+}
+
+}  // namespace
+}  // namespace swiftqk

@@ -60,14 +60,16 @@ def main(argv=None):
     ap.add_argument("--max-ratio", type=float, default=1.15)
     ap.add_argument("--small-tokens", type=int, default=64)
     ap.add_argument("--max-extra-us", type=float, default=2.0)
+    ap.add_argument("--summary", action="store_true", help="only the counts, not the table")
     args = ap.parse_args(argv)
 
     runs = [load(spec, args.method) for spec in args.runs]
-    keys = sorted({k for _, points, _ in runs for k in points})
-    print("median us (ratio to TP 1 of the same run); wrong results per run: " +
-          ", ".join(f"{name}={wrong}" for name, _, wrong in runs))
-    print("| model | tokens | tp | " + " | ".join(name for name, _, _ in runs) + " |")
-    print("|---|---|---|" + "---|" * len(runs))
+    keys = [] if args.summary else sorted({k for _, points, _ in runs for k in points})
+    if not args.summary:
+        print("median us (ratio to TP 1 of the same run); wrong results per run: " +
+              ", ".join(f"{name}={wrong}" for name, _, wrong in runs))
+        print("| model | tokens | tp | " + " | ".join(name for name, _, _ in runs) + " |")
+        print("|---|---|---|" + "---|" * len(runs))
     for model, tokens, tp in keys:
         cells = []
         for _, points, _ in runs:
@@ -80,7 +82,8 @@ def main(argv=None):
             else:
                 cells.append(f"{us:.2f} ({us / base:.3f})")
         print(f"| {model} | {tokens} | {tp} | " + " | ".join(cells) + " |")
-    print()
+    if keys:
+        print()
     for name, points, wrong in runs:
         (rm, ro), (sm, so), worst, misses = targets(points, args.ratio_tokens, args.max_ratio,
                                                      args.small_tokens, args.max_extra_us)

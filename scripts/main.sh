@@ -15,6 +15,8 @@ nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path
 commit=$(git rev-parse HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)
 ./build/tests/swiftqk_gpu_tests --gtest_brief=1
 ./build/bench/swiftqk_bench --commit "$commit" --json bench/results/latest.json "$@"
+# Virtual ranks against their own TP 1: the scaling targets, counted (docs/results.md).
+python3 bench/tp_scaling_table.py --summary "virtual ranks=bench/results/latest.json"
 ngpu=$(nvidia-smi -L | wc -l)
 if [ "$ngpu" -gt 1 ]; then  # one process per GPU: real inter-GPU exchange, every method
   ./build/bench/swiftqk_bench --procs "$ngpu" --commit "$commit" \

@@ -46,3 +46,12 @@ def test_runs_are_compared_with_their_own_tp1_and_wrong_results_are_flagged(tmp_
     assert "fast: at most 1.15x TP 1 at 4096 tokens: 1 of 1" in out
     assert "slow: at most 1.15x TP 1 at 4096 tokens: 0 of 1" in out
     assert "3 WRONG results" in out and "wrong results per run: fast=0, slow=3" in out
+
+
+def test_summary_prints_the_counts_without_the_table(tmp_path, capsys):
+    run = write(tmp_path, "r", [row("m", 4096, 1, 10.0), row("m", 4096, 2, 12.0)])
+    tp_scaling_table.main(["--summary", f"virtual ranks={run}"])
+    out = capsys.readouterr().out
+    assert "| m |" not in out
+    assert out.startswith("virtual ranks: at most 1.15x TP 1 at 4096 tokens: 0 of 1")
+    assert "misses: m TP 2 at 4096 tokens: 1.200x" in out

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 
 #include "comm_state.hpp"

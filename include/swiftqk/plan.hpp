@@ -173,7 +173,7 @@ constexpr uint32_t next_call(uint32_t call) { return (call + 1u) & (kCallPeriod 
 /// `period` is a parameter only for the CPU model, which shrinks both periods.
 constexpr uint32_t kScrubPeriod = 1u << 28;
 constexpr bool is_scrub_call(uint32_t call, uint32_t period = kScrubPeriod) {
-  return (call & (period - 1u)) >= period - 2u || period <= 2u;
+  return period <= 2u || (call & (period - 1u)) >= period - 2u;  // periods 1, 2: every call
 }
 static_assert(kScrubPeriod % 2 == 0 && kCallPeriod % kScrubPeriod == 0,
               "each parity must be scrubbed between two uses of one tag");

@@ -11,6 +11,7 @@
 # the deferral depth with peers (SWIFTQK_DEFER), THREADS the block size, VPT the vectors per
 # thread of staged rows (a row then takes the fewest lanes, down to 8). The first shape runs
 # first and again last, the difference being the noise.
+# A shape may be listed more than once; its later runs are numbered (s3_d2, s3_d2_2, ...).
 #   e.g. bash scripts/tune_stages.sh 4096 1,2,4,8 d,2,3,d/128,d/512 /path/to/old/swiftqk_bench
 #        bash scripts/tune_stages.sh 4096 2,4,8 d,3+1,4+2,5+3,3+2,dx8,3+2x8
 # JSON per run and the table go to $OUT (default ./gpu_out).
@@ -38,6 +39,9 @@ shape_run() {  # shape, run name suffix
   [ "$shape" != "$depth" ] && threads=${shape#*/}
   case $depth in *+*) defer=${depth#*+}; depth=${depth%%+*} ;; esac
   name="s$depth${defer:+_d$defer}${threads:+_b$threads}${vpt:+_v$vpt}$2"
+  # A shape listed twice (to see the noise) keeps both runs: the later one is numbered.
+  local base=$name k=2 r
+  for r in "${runs[@]}"; do [ "$r" = "$name" ] && name="${base}_$k" && k=$((k + 1)); done
   SWIFTQK_STAGES=$([ "$depth" = d ] || echo "$depth") SWIFTQK_DEFER=$defer \
     SWIFTQK_BLOCK_THREADS=$threads SWIFTQK_VPT=$vpt run "$name" "$bench"
 }

@@ -5,6 +5,9 @@
 #                                         five methods and the TP decode run
 #   bash scripts/gpu_session.sh verify-only   verify without the TP decode run, and
 #   bash scripts/gpu_session.sh decode        the TP decode run alone (verify in two device calls)
+#   bash scripts/gpu_session.sh sweep         the one-process-per-GPU sweep and its precision run
+#                                             alone (with TPS="2 4", the part of verify-only that
+#                                             grows with the GPU count: a call per TP on 8 GPUs)
 #   bash scripts/gpu_session.sh measure   virtual ranks against MiniMax fused, the precision
 #                                         study, the PyTorch baseline, TP-1 decode, sanitizers
 #   bash scripts/gpu_session.sh sanitize  compute-sanitizer memcheck, racecheck and synccheck on a
@@ -13,16 +16,33 @@
 #   bash scripts/gpu_session.sh           verify and measure
 # Logs and JSON go to $OUT (default ./gpu_out); a summary is printed last. The PyTorch extension
 # is built here (in build-py) when python/swiftqk has none that imports, and copied to $OUT.
+# SWIFTQK_ARCHIVE=1 (a device call returns at most 8 files): the logs are written to a scratch
+# folder and packed into $OUT/results.tgz, with $OUT/summary.txt, after every step, so a call cut
+# off at its time limit still returns every step that finished.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:-all}
 case "$phase" in
-  all | verify | verify-only | decode | measure | sanitize) ;;
-  *) echo "gpu_session.sh: unknown phase '$phase' (all, verify, verify-only, decode, measure, sanitize)" >&2
+  all | verify | verify-only | sweep | decode | measure | sanitize) ;;
+  *) echo "gpu_session.sh: unknown phase '$phase' (all, verify, verify-only, sweep, decode, measure, sanitize)" >&2
      exit 2 ;;
 esac
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
+final_out=$OUT
+archive=${SWIFTQK_ARCHIVE:-0}
+[ "$archive" = 1 ] && OUT=$(mktemp -d /tmp/swiftqk_session.XXXXXX)
+summary=()
+checkpoint() {  # with SWIFTQK_ARCHIVE=1: the steps finished so far, where the caller finds them
+  [ "$archive" = 1 ] || return 0
+  printf '%s\n' "${summary[@]}" >"$final_out/summary.txt"
+  local rc=0
+  (cd "$OUT" && tar czf "$final_out/results.part.tgz" --warning=no-file-changed .) || rc=$?
+  # 1: a log grew while it was read (the extension builds in the background); the archive then
+  # holds what was there.
+  [ "$rc" -le 1 ] && mv "$final_out/results.part.tgz" "$final_out/results.tgz"
+}
+note() { summary+=("$1"); checkpoint; }
 export PYTHONUNBUFFERED=1
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null || true)
 [ -n "$nccl" ] && export LD_LIBRARY_PATH="$nccl:${LD_LIBRARY_PATH:-}"
@@ -30,7 +50,7 @@ commit=$(cat .commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unkno
 ngpu=$(nvidia-smi -L | wc -l)
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvidia-smi topo -m; } \
   >"$OUT/gpu.txt" 2>&1
-summary=("commit $commit, $ngpu GPU(s): $(head -1 "$OUT/gpu.txt")")
+note "commit $commit, $ngpu GPU(s): $(head -1 "$OUT/gpu.txt")"
 # One process per GPU at every TP the machine allows (TPS="2 4" to choose), for verify and decode.
 tps=${TPS:-}; if [ -z "$tps" ]; then t=2; while [ "$t" -le "$ngpu" ]; do tps+="$t "; t=$((t * 2)); done; fi
 if [ ! -x build/tests/swiftqk_gpu_tests ] || ! build/tests/swiftqk_gpu_tests --gtest_list_tests >/dev/null 2>&1; then
@@ -39,7 +59,7 @@ if [ ! -x build/tests/swiftqk_gpu_tests ] || ! build/tests/swiftqk_gpu_tests --g
 fi
 has_ext() { PYTHONPATH=python python3 -c 'import swiftqk' 2>/dev/null; }
 pybuild=
-if [ "$phase" != sanitize ] && ! has_ext; then  # in the background while the C++ tests run
+if [ "$phase" != sanitize ] && [ "$phase" != sweep ] && ! has_ext; then  # built while the C++ tests run
   ( cmake -S . -B build-py -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DSWIFTQK_BUILD_TESTS=OFF \
       -DSWIFTQK_BUILD_BENCHMARKS=OFF -DSWIFTQK_BUILD_PYTHON=ON \
       -DPython_EXECUTABLE="$(command -v python3)" && cmake --build build-py ) \
@@ -50,20 +70,20 @@ wait_ext() {
   if [ -n "$pybuild" ]; then
     wait "$pybuild" || tail -20 "$OUT/build_py.log"
     pybuild=
-    cp python/swiftqk/_C*.so "$OUT/" 2>/dev/null
+    cp python/swiftqk/_C*.so "$final_out/" 2>/dev/null
   fi
   has_ext
 }
 
 run_pytest() {  # the CPU-only cases ran in CI already; here what needs the GPU
   if ! wait_ext; then
-    summary+=("python extension did not build: see build_py.log")
+    note "python extension did not build: see build_py.log"
     return
   fi
   local n=$(( $(nproc) / 2 )); [ "$n" -gt 8 ] && n=8
   timeout "${1:-400}" python3 -m pytest -q -n "$n" -k "not on_cpu" tests/python \
     >"$OUT/pytest.log" 2>&1
-  summary+=("pytest: $(tail -1 "$OUT/pytest.log")")
+  note "pytest: $(tail -1 "$OUT/pytest.log")"
   if grep -q "crashed while running" "$OUT/pytest.log"; then  # a native backtrace of the crash
     local t
     t=$(grep -o "crashed while running '[^']*'" "$OUT/pytest.log" | head -1 | cut -d"'" -f2)
@@ -72,27 +92,32 @@ run_pytest() {  # the CPU-only cases ran in CI already; here what needs the GPU
   fi
 }
 
-if [ "$phase" = verify ] || [ "$phase" = verify-only ] || [ "$phase" = all ]; then
+verifying=0
+case "$phase" in all | verify | verify-only) verifying=1 ;; esac
+if [ "$verifying" = 1 ]; then
   timeout 420 build/tests/swiftqk_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
-  summary+=("gpu gtests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/gpu_tests.log" | tr '\n' ' ')")
+  note "gpu gtests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/gpu_tests.log" | tr '\n' ' ')"
+fi
+if [ "$verifying" = 1 ] || [ "$phase" = sweep ]; then
+  [ -z "$tps" ] && note "sweep: one GPU here, nothing to run one process per GPU"
   for tp in $tps; do
     timeout 400 build/bench/swiftqk_bench --procs "$tp" --iters 60 --commit "$commit" \
       --methods swiftqk,minimax_fused,all_gather,comm_overlap,minimax_eager \
       --json "$OUT/bench_procs_tp$tp.json" >"$OUT/bench_procs_tp$tp.log" 2>&1
-    summary+=("bench procs $tp: $(tail -1 "$OUT/bench_procs_tp$tp.log")")
+    note "bench procs $tp: $(tail -1 "$OUT/bench_procs_tp$tp.log")"
     python3 bench/ratio_table.py "$OUT/bench_procs_tp$tp.json" \
       --target all_gather=0.85,minimax_fused=0.30 >"$OUT/ratios_procs_tp$tp.md" 2>&1
-    summary+=("$(tail -3 "$OUT/ratios_procs_tp$tp.md")")
+    note "$(tail -3 "$OUT/ratios_procs_tp$tp.md")"
     # The precision study across GPUs: bf16 comes with the sweep above; fp8-e4m3 inputs here.
     timeout 120 build/bench/swiftqk_bench --procs "$tp" --dtype fp8 --tokens 64,4096 --iters 20 \
       --methods swiftqk,minimax_fused,all_gather,minimax_eager --commit "$commit" \
       --json "$OUT/bench_procs_fp8_tp$tp.json" >"$OUT/bench_procs_fp8_tp$tp.log" 2>&1
     python3 bench/precision_table.py "$OUT/bench_procs_tp$tp.json" \
       "$OUT/bench_procs_fp8_tp$tp.json" >"$OUT/precision_procs_tp$tp.md" 2>&1
-    summary+=("precision tp $tp: $(tail -1 "$OUT/precision_procs_tp$tp.md")")
+    note "precision tp $tp: $(tail -1 "$OUT/precision_procs_tp$tp.md")"
   done
-  run_pytest
 fi
+[ "$verifying" = 1 ] && run_pytest
 
 # The TP decode run, one process per GPU (with verify, or alone when verify ran in an earlier call:
 # the two together can outlast one device call).
@@ -104,7 +129,7 @@ if [ "$phase" = verify ] || [ "$phase" = decode ] || [ "$phase" = all ]; then
           --model "$model" --layers 8 --batch 1,32,256 --context 512,4096 --iters 30 \
           --methods swiftqk,minimax_fused,all_gather,minimax_eager \
           --json "$OUT/e2e_tp${tp}_$model.json" >"$OUT/e2e_tp${tp}_$model.log" 2>&1
-        summary+=("e2e tp $tp $model: $(tail -1 "$OUT/e2e_tp${tp}_$model.log")")
+        note "e2e tp $tp $model: $(tail -1 "$OUT/e2e_tp${tp}_$model.log")"
       done
     done
   fi
@@ -114,29 +139,29 @@ if [ "$phase" = measure ] || [ "$phase" = all ]; then
   timeout 220 build/bench/swiftqk_bench --methods swiftqk,minimax_fused --tokens 1,64,4096,16384 \
     --tp 1,2,4,8 --iters 40 --commit "$commit" --json "$OUT/bench_methods.json" \
     >"$OUT/bench_methods.log" 2>&1
-  summary+=("bench methods: $(tail -1 "$OUT/bench_methods.log")")
+  note "bench methods: $(tail -1 "$OUT/bench_methods.log")"
   python3 bench/ratio_table.py "$OUT/bench_methods.json" --against minimax_fused \
     --target minimax_fused=0.0 >"$OUT/ratios_virtual.md" 2>&1
-  summary+=("$(tail -1 "$OUT/ratios_virtual.md")")
+  note "$(tail -1 "$OUT/ratios_virtual.md")"
   timeout 90 build/bench/swiftqk_bench --dtype bf16,fp8 --methods swiftqk,minimax_fused,all_gather \
     --tp 1 --tokens 4096 --iters 20 --commit "$commit" --json "$OUT/bench_precision.json" \
     >"$OUT/bench_precision.log" 2>&1
-  summary+=("bench precision: $(tail -1 "$OUT/bench_precision.log")")
+  note "bench precision: $(tail -1 "$OUT/bench_precision.log")"
   python3 bench/precision_table.py "$OUT/bench_precision.json" >"$OUT/precision.md" 2>&1
-  summary+=("precision: $(tail -1 "$OUT/precision.md")")
+  note "precision: $(tail -1 "$OUT/precision.md")"
   timeout 90 python3 bench/torch_rms_norm.py --iters 100 --json "$OUT/torch.json" \
     --swiftqk-json "$OUT/bench_methods.json" >"$OUT/torch.log" 2>&1
-  summary+=("torch: $(tail -1 "$OUT/torch.log")")
+  note "torch: $(tail -1 "$OUT/torch.log")"
   timeout 120 build/bench/swiftqk_bench --soak 1000000 --models olmo2-13b --tokens 1,7,64,513 \
     --tp 4 --commit "$commit" --json "$OUT/soak.json" >"$OUT/soak.log" 2>&1
-  summary+=("soak: $(head -1 "$OUT/soak.log"); $(tail -1 "$OUT/soak.log")")
+  note "soak: $(head -1 "$OUT/soak.log"); $(tail -1 "$OUT/soak.log")"
   [ "$phase" = measure ] && run_pytest 170
   if has_ext; then
     for model in ${E2E_MODELS:-olmo2-13b olmo3-32b olmoe}; do
       timeout 80 python3 bench/e2e_decode.py --model "$model" --layers 8 --batch 1,32,256 \
         --context 512,4096 --iters 20 --methods swiftqk,plain --json "$OUT/e2e_tp1_$model.json" \
         >"$OUT/e2e_tp1_$model.log" 2>&1
-      summary+=("e2e tp 1 $model: $(tail -1 "$OUT/e2e_tp1_$model.log")")
+      note "e2e tp 1 $model: $(tail -1 "$OUT/e2e_tp1_$model.log")"
     done
   fi
 fi
@@ -163,14 +188,8 @@ if [ "$phase" = measure ] || [ "$phase" = sanitize ] || [ "$phase" = all ]; then
       build/tests/swiftqk_gpu_tests --gtest_brief=1 --gtest_filter="$f" \
       >"$OUT/sanitizer_$tool.log" 2>&1
     rc=$?; [ $rc = 124 ] && rc="124 (time limit)"
-    summary+=("compute-sanitizer $tool: exit $rc in $((SECONDS - start)) s ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/sanitizer_$tool.log" | tr '\n' ' '))")
+    note "compute-sanitizer $tool: exit $rc in $((SECONDS - start)) s ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/sanitizer_$tool.log" | tr '\n' ' '))"
   done
 fi
-printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
-# SWIFTQK_ARCHIVE=1 (device calls return at most 8 files): everything but the extension and the
-# summary into one archive.
-if [ "${SWIFTQK_ARCHIVE:-0}" = 1 ]; then
-  (cd "$OUT" && tar czf /tmp/swiftqk_results.tgz --exclude='_C*.so' . && \
-    find . -maxdepth 1 -type f ! -name '_C*.so' ! -name summary.txt -delete && \
-    mv /tmp/swiftqk_results.tgz results.tgz)
-fi
+printf '%s\n' "${summary[@]}" | tee "$final_out/summary.txt"
+checkpoint

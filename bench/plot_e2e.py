@@ -11,16 +11,22 @@ import json
 from collections import defaultdict
 
 
+def reductions(rows):
+    """(row, percent) for every other method's row that has a SwiftQK row at the same point:
+    how much lower SwiftQK's TPOT is, in the order of the printed table."""
+    point = lambda r: (r["model"], r["tp"], r["context"], r["batch"])  # noqa: E731
+    swift = {point(r): r["tpot_ms"] for r in rows if r["method"] == "swiftqk"}
+    return [(r, 100 * (1 - swift[point(r)] / r["tpot_ms"]))
+            for r in sorted(rows, key=lambda r: (*point(r), r["method"]))
+            if r["method"] != "swiftqk" and point(r) in swift]
+
+
 def reduction_summary(rows):
     """Lines 'TP t, against M: a% to b% lower over n points (model a-b%, ...)': how much lower
     SwiftQK's TPOT is than method M's, over the points where both ran."""
-    swift = {(r["model"], r["tp"], r["context"], r["batch"]): r["tpot_ms"]
-             for r in rows if r["method"] == "swiftqk"}
     red = defaultdict(lambda: defaultdict(list))  # (tp, method) -> model -> reductions
-    for r in rows:
-        key = (r["model"], r["tp"], r["context"], r["batch"])
-        if r["method"] != "swiftqk" and key in swift:
-            red[(r["tp"], r["method"])][r["model"]].append(100 * (1 - swift[key] / r["tpot_ms"]))
+    for r, pct in reductions(rows):
+        red[(r["tp"], r["method"])][r["model"]].append(pct)
     lines = []
     for (tp, method), per_model in sorted(red.items()):
         every = [v for vs in per_model.values() for v in vs]
@@ -65,16 +71,11 @@ def main(argv=None):
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
-    swift = {(r["model"], r["tp"], r["context"], r["batch"]): r["tpot_ms"]
-             for r in rows if r["method"] == "swiftqk"}
     print("| model | TP | context | batch | method | TPOT ms | SwiftQK's TPOT lower by |")
     print("|---|---:|---:|---:|---|---:|---:|")
-    for r in sorted(rows, key=lambda r: (r["model"], r["tp"], r["context"], r["batch"], r["method"])):
-        key = (r["model"], r["tp"], r["context"], r["batch"])
-        if r["method"] == "swiftqk" or key not in swift:
-            continue
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {r['method']} | {r['tpot_ms']:.3f} | "
-              f"{100 * (1 - swift[key] / r['tpot_ms']):.1f}% |")
+    for r, pct in reductions(rows):
+        print(f"| {r['model']} | {r['tp']} | {r['context']} | {r['batch']} | {r['method']} | "
+              f"{r['tpot_ms']:.3f} | {pct:.1f}% |")
     print()
     for line in reduction_summary(rows):
         print(line)

@@ -27,7 +27,10 @@ bench=build/bench/swiftqk_bench
 common=(--methods swiftqk --tokens "$tokens" --tp "$tps" --iters "${ITERS:-30}")
 runs=()
 run() {  # name, then the command
-  local name=$1; shift
+  # A name already taken (a shape listed twice to see the noise, or two builds in folders of
+  # the same name) is numbered, so no run overwrites another's results.
+  local base=$1 name=$1 k=2 r; shift
+  for r in "${runs[@]}"; do [ "$r" = "$name" ] && name="${base}_$k" && k=$((k + 1)); done
   "$@" "${common[@]}" --json "$OUT/tune_$name.json" >"$OUT/tune_$name.log" 2>&1 \
     || echo "run $name failed: $(tail -2 "$OUT/tune_$name.log")"
   runs+=("$name")
@@ -39,9 +42,6 @@ shape_run() {  # shape, run name suffix
   [ "$shape" != "$depth" ] && threads=${shape#*/}
   case $depth in *+*) defer=${depth#*+}; depth=${depth%%+*} ;; esac
   name="s$depth${defer:+_d$defer}${threads:+_b$threads}${vpt:+_v$vpt}$2"
-  # A shape listed twice (to see the noise) keeps both runs: the later one is numbered.
-  local base=$name k=2 r
-  for r in "${runs[@]}"; do [ "$r" = "$name" ] && name="${base}_$k" && k=$((k + 1)); done
   SWIFTQK_STAGES=$([ "$depth" = d ] || echo "$depth") SWIFTQK_DEFER=$defer \
     SWIFTQK_BLOCK_THREADS=$threads SWIFTQK_VPT=$vpt run "$name" "$bench"
 }
@@ -50,13 +50,11 @@ shape_run "${ds[0]}" _first
 IFS=, read -ra others <<<"$other"
 # Another build is named by its folder: build/old/swiftqk_bench and build/old/bench/swiftqk_bench
 # are both "old" (the folder "bench" alone would name every build the same and each run would
-# overwrite the last one's results); a name already taken gets its position appended.
-for i in "${!others[@]}"; do
-  b=${others[$i]} d=$(dirname "${others[$i]}")
+# overwrite the last one's results); run numbers a name already taken.
+for b in "${others[@]}"; do
+  d=$(dirname "$b")
   [ "$(basename "$d")" = bench ] && d=$(dirname "$d")
-  name=$(basename "$d")
-  for r in "${runs[@]}"; do [ "$r" = "$name" ] && name="${name}_$i"; done
-  run "$name" "$b"
+  run "$(basename "$d")" "$b"
 done
 for d in "${ds[@]:1}"; do shape_run "$d" ""; done
 shape_run "${ds[0]}" _again

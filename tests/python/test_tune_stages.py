@@ -17,7 +17,7 @@ echo "[{\"model\":\"m\",\"tp\":2,\"tokens\":4096,\"median_us\":$us.${SWIFTQK_VPT
 """
 
 
-def run_tune(tmp_path, shapes):
+def run_tune(tmp_path, shapes, others=()):
     (tmp_path / "scripts").mkdir()
     shutil.copy(os.path.join(REPO, "scripts", "tune_stages.sh"), tmp_path / "scripts")
     bench = tmp_path / "build" / "bench" / "swiftqk_bench"
@@ -28,8 +28,13 @@ def run_tune(tmp_path, shapes):
     env = dict(os.environ, OUT=str(out))
     for v in ("SWIFTQK_STAGES", "SWIFTQK_DEFER", "SWIFTQK_BLOCK_THREADS", "SWIFTQK_VPT"):
         env.pop(v, None)
-    r = subprocess.run(["bash", str(tmp_path / "scripts" / "tune_stages.sh"), "4096", "2", shapes],
-                       env=env, capture_output=True, text=True, timeout=60)
+    args = ["bash", str(tmp_path / "scripts" / "tune_stages.sh"), "4096", "2", shapes]
+    if others:
+        for o in others:  # copies of the stand-in, as other builds
+            (tmp_path / o).parent.mkdir(parents=True)
+            shutil.copy(bench, tmp_path / o)
+        args.append(",".join(str(tmp_path / o) for o in others))
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout, out
 
@@ -46,3 +51,10 @@ def test_each_shape_sets_its_variables_and_repeats_are_kept(tmp_path):
     for n in names:
         assert (out / f"tune_{n}.json").exists()
     assert "wrong results per run: sd_first=0, s3_d2=0, s4_b128_v8=0" in text
+
+
+def test_other_builds_in_folders_of_the_same_name_keep_both_runs(tmp_path):
+    text, out = run_tune(tmp_path, "d,3+2", others=("a/old/bench/swiftqk_bench",
+                                                    "b/old/swiftqk_bench"))
+    assert "wrong results per run: sd_first=0, old=0, old_2=0, s3_d2=0, sd_again=0" in text
+    assert (out / "tune_old.json").exists() and (out / "tune_old_2.json").exists()

@@ -144,12 +144,13 @@ int max_blocks_per_sm(KernelFn fn, int block, std::size_t smem, int device) {
   return n;
 }
 
-// Stages and deferral depth; SWIFTQK_STAGES and SWIFTQK_DEFER override them, for tuning runs.
-PipelineDepth pipeline_depth(int world) {
+// SWIFTQK_STAGES and SWIFTQK_DEFER, which override the stages and deferral depth for tuning runs
+// (0 = not set).
+PipelineDepth forced_pipeline_depth() {
   static const int stages =
       tuning_override("SWIFTQK_STAGES", kMinStages, kMaxStages, "a stage depth");
   static const int defer = tuning_override("SWIFTQK_DEFER", 1, kMaxStages - 1, "a deferral depth");
-  return choose_pipeline_depth(world, stages, defer);
+  return PipelineDepth{stages, defer};
 }
 
 // Vectors per thread of staged rows; SWIFTQK_VPT (1, 2, 4 or 8) forces them, for tuning runs.
@@ -294,41 +295,60 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const int forced_vpt = forced_vectors_per_thread();
 
   detail::DeviceGuard guard(s0.device);
-  const PipelineDepth depth = pipeline_depth(world);
-  const int stages = depth.stages;
-  // A layout with its kernel, shared memory and residency.
+  const int sms = sm_count(s0.device);
+  // Every launch but the last covers per_launch tokens: the first one's count picks the depth.
+  const int64_t launch_tokens = std::min(per_launch, p0.tokens);
+  // A layout with its pipeline, kernel, shared memory and residency.
   struct Layout {
+    PipelineDepth depth;
     KernelShape shape;
     KernelFn fn;
     std::size_t smem;
     int occ;
   };
-  auto layout_of = [&](const KernelShape& shape) {
-    Layout l{shape,
+  auto layout_of = [&](const PipelineDepth& depth, const KernelShape& shape) {
+    Layout l{depth, shape,
              pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method, p0.order,
                          world == 1),
              0, 0};
     if (shape.vectors_per_thread > 0) {
-      l.smem =
-          detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
-                                    (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)), stages);
+      l.smem = detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
+                                         (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)),
+                                         depth.stages);
     }
     l.occ = max_blocks_per_sm(l.fn, shape.block_threads(), l.smem, s0.device);
     return l;
   };
-  Layout lay = layout_of(choose_kernel_shape(qw, kw, vec, block_target, world, forced_vpt));
   // Short rows go several to a warp when the GPU is full anyway (the unpacked grid of the first
   // launch is capped by residency); with fewer rows, one row a warp spreads them over more SMs.
   // The packed blocks hold more rows, so fewer fit an SM: under a small SM budget every rank
   // must still get one.
-  const KernelShape packed = packed_kernel_shape(qw, kw, vec, block_target, world);
-  const int sms = sm_count(s0.device);
-  if (forced_vpt == 0 && packed.vectors_per_thread > 0 &&
-      grid_is_full(std::min(per_launch, p0.tokens), ranks, lay.shape.tokens_per_block, lay.occ, sms,
-                   s0.config.sm_budget)) {
-    const Layout p = layout_of(packed);
-    if (resident_blocks(p.occ, sms, s0.config.sm_budget) >= ranks) lay = p;
+  auto layout_for = [&](const PipelineDepth& depth) {
+    Layout lay =
+        layout_of(depth, choose_kernel_shape(qw, kw, vec, block_target, world, forced_vpt));
+    const KernelShape packed = packed_kernel_shape(qw, kw, vec, block_target, world);
+    if (forced_vpt == 0 && packed.vectors_per_thread > 0 &&
+        grid_is_full(launch_tokens, ranks, lay.shape.tokens_per_block, lay.occ, sms,
+                     s0.config.sm_budget)) {
+      const Layout p = layout_of(depth, packed);
+      if (resident_blocks(p.occ, sms, s0.config.sm_budget) >= ranks) lay = p;
+    }
+    return lay;
+  };
+  const PipelineDepth forced = forced_pipeline_depth();
+  Layout lay = layout_for(choose_pipeline_depth(world, launch_tokens, forced.stages, forced.defer));
+  // Few tokens at TP >= 8: a shallower ring that fits more groups on the GPU can be worth more
+  // than the row loading ahead (docs/design.md, "Launch shape").
+  const PipelineDepth shallow = shallow_pipeline_depth(world, launch_tokens);
+  if (forced.stages == 0 && forced.defer == 0 && shallow.stages != 0) {
+    const Layout s = layout_for(shallow);
+    auto resident_groups = [&](const Layout& l) {
+      return resident_blocks(l.occ, sms, s0.config.sm_budget) * l.shape.tokens_per_block;
+    };
+    if (take_shallow_pipeline(launch_tokens, resident_groups(lay), resident_groups(s))) lay = s;
   }
+  const PipelineDepth depth = lay.depth;
+  const int stages = depth.stages;
   const KernelShape& shape = lay.shape;
   const KernelFn fn = lay.fn;
   const std::size_t smem = lay.smem;

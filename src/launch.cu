@@ -336,7 +336,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     return lay;
   };
   const PipelineDepth forced = forced_pipeline_depth();
-  Layout lay = layout_for(choose_pipeline_depth(world, launch_tokens, forced.stages, forced.defer));
+  Layout lay = layout_for(choose_pipeline_depth(world, forced.stages, forced.defer));
   // Few tokens at TP >= 8: a shallower ring that fits more groups on the GPU can be worth more
   // than the row loading ahead (docs/design.md, "Launch shape").
   const PipelineDepth shallow = shallow_pipeline_depth(world, launch_tokens);

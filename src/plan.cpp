@@ -100,10 +100,8 @@ KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
   return choose_kernel_shape(q_width, k_width, vec_elems, block_threads, world, 4);
 }
 
-PipelineDepth choose_pipeline_depth(int world, int64_t tokens, int forced_stages,
-                                    int forced_defer) {
+PipelineDepth choose_pipeline_depth(int world, int forced_stages, int forced_defer) {
   SWIFTQK_EXPECTS(world >= 1, "choose_pipeline_depth: world must be >= 1");
-  SWIFTQK_EXPECTS(tokens >= 0, "choose_pipeline_depth: tokens must be >= 0");
   SWIFTQK_EXPECTS(
       forced_stages == 0 || (forced_stages >= kMinStages && forced_stages <= kMaxStages),
       "choose_pipeline_depth: stages must be 0 or in [kMinStages, kMaxStages]");
@@ -116,9 +114,7 @@ PipelineDepth choose_pipeline_depth(int world, int64_t tokens, int forced_stages
   }
   int log2_world = 0;
   while ((2 << log2_world) <= world) ++log2_world;
-  int natural = std::min(log2_world, kMaxStages - 2);
-  if (natural == 1 && tokens >= kDeepDeferTokens) natural = 2;
-  d.defer = forced_defer != 0 ? forced_defer : natural;
+  d.defer = forced_defer != 0 ? forced_defer : std::min(log2_world, kMaxStages - 2);
   d.stages = forced_stages != 0 ? forced_stages : std::min(kMaxStages, d.defer + 2);
   d.defer = std::min(d.defer, d.stages - 1);
   return d;

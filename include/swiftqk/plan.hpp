@@ -35,11 +35,6 @@ struct PipelineDepth {
   int defer = 0;
 };
 
-/// Tokens per launch from which TP 2 and 3 defer two tokens (4 stages) instead of one: on the
-/// H200 with virtual ranks, D = 2 was 0.6-5.3 us faster for every model of DESIGN.md at 8192 and
-/// 16384 tokens and 0.1-1.2 us slower at 2048 and 4096 (docs/results.md, session 13).
-constexpr int64_t kDeepDeferTokens = 8192;
-
 /// Tokens per launch up to which TP 8 and more may take the shallow pipeline (3 stages, D = 2;
 /// shallow_pipeline_depth), and up to which any gain in resident token groups justifies it
 /// (take_shallow_pipeline).
@@ -47,13 +42,12 @@ constexpr int64_t kShallowMaxTokens = 4096;
 constexpr int64_t kShallowAnyGainTokens = 2048;
 
 /// @brief Alone: 2 stages, no deferral. With peers: D = log2(world) (at most kMaxStages - 2) and
-/// one row loading ahead, so stages = D + 2; TP 2 and 3 take D = 2 from kDeepDeferTokens tokens
-/// per launch on. On the H200 at 4096 tokens (docs/results.md, session 5) a deeper D paid off as
-/// the group grew (the slowest of more peers lags further); alone, 2 stages were fastest of 2-5.
-/// forced_stages and forced_defer (SWIFTQK_STAGES, SWIFTQK_DEFER; 0 = not forced) override them
-/// for tuning runs; the depth is then cut to stages - 1.
-PipelineDepth choose_pipeline_depth(int world, int64_t tokens, int forced_stages = 0,
-                                    int forced_defer = 0);
+/// one row loading ahead, so stages = D + 2. On the H200 at 4096 tokens (docs/results.md,
+/// session 5) a deeper D paid off as the group grew (the slowest of more peers lags further)
+/// and cost nothing at TP 2; alone, 2 stages were fastest of 2-5. forced_stages and
+/// forced_defer (SWIFTQK_STAGES, SWIFTQK_DEFER; 0 = not forced) override them for tuning runs;
+/// the depth is then cut to stages - 1.
+PipelineDepth choose_pipeline_depth(int world, int forced_stages = 0, int forced_defer = 0);
 
 /// @brief The shallower pipeline a launch of `tokens` tokens may take instead of
 /// choose_pipeline_depth's: at TP 8 and more, up to kShallowMaxTokens, 3 stages and D = 2, or
@@ -67,6 +61,9 @@ PipelineDepth shallow_pipeline_depth(int world, int64_t tokens);
 /// fitted more groups, and at 4096 only where they doubled them (OLMoE, OLMo2-7B; 0.4 us slower
 /// at 3 -> 4 blocks an SM); where registers cap residency (OLMo2-13B) they gain nothing and
 /// lose the row ahead (6 us slower at 4096 tokens); at 8192 tokens they lose everywhere.
+/// Measured with virtual ranks (8 ranks share the GPU's groups). Across 8 GPUs each GPU serves
+/// one rank, so at these token counts a group runs about one token either way; not measured
+/// there yet (no 8-GPU machine lent).
 bool take_shallow_pipeline(int64_t tokens, int64_t default_groups, int64_t shallow_groups);
 
 /// Tokens one kernel launch covers at most: longer calls are split into launches of this many

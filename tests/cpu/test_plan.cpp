@@ -179,39 +179,16 @@ TEST(PipelineDepth, DefersLog2WorldWithOneRowAhead) {
     int world, stages, defer;
   };
   // Alone nothing is deferred; with peers D = log2(world) capped at kMaxStages - 2, stages D + 2.
-  for (const int64_t tokens : {int64_t{0}, int64_t{1}, int64_t{64}, kDeepDeferTokens - 1}) {
-    for (const Want w : {Want{1, 2, 0}, Want{2, 3, 1}, Want{3, 3, 1}, Want{4, 4, 2}, Want{6, 4, 2},
-                         Want{8, 5, 3}, Want{16, 5, 3}, Want{32, 5, 3}}) {
-      const PipelineDepth d = choose_pipeline_depth(w.world, tokens);
-      EXPECT_EQ(d.stages, w.stages) << "world " << w.world << ", " << tokens << " tokens";
-      EXPECT_EQ(d.defer, w.defer) << "world " << w.world << ", " << tokens << " tokens";
-      // The staged rows always hold the reduced one and the deferred ones.
-      EXPECT_GE(d.stages - 1 - d.defer, 0) << "world " << w.world;
-      EXPECT_GE(d.stages, kMinStages);
-      EXPECT_LE(d.stages, kMaxStages);
-    }
+  for (const Want w : {Want{1, 2, 0}, Want{2, 3, 1}, Want{3, 3, 1}, Want{4, 4, 2}, Want{6, 4, 2},
+                       Want{8, 5, 3}, Want{16, 5, 3}, Want{32, 5, 3}}) {
+    const PipelineDepth d = choose_pipeline_depth(w.world);
+    EXPECT_EQ(d.stages, w.stages) << "world " << w.world;
+    EXPECT_EQ(d.defer, w.defer) << "world " << w.world;
+    // The staged rows always hold the reduced one and the deferred ones.
+    EXPECT_GE(d.stages - 1 - d.defer, 0) << "world " << w.world;
+    EXPECT_GE(d.stages, kMinStages);
+    EXPECT_LE(d.stages, kMaxStages);
   }
-}
-
-TEST(PipelineDepth, TwoRanksDeferTwoTokensFromDeepDeferTokens) {
-  // From kDeepDeferTokens tokens per launch on, TP 2 and 3 take D = 2 in 4 stages; the others
-  // keep their depth.
-  for (const int64_t tokens : {kDeepDeferTokens, int64_t{16384}, int64_t{1} << 30}) {
-    for (const int world : {2, 3}) {
-      const PipelineDepth d = choose_pipeline_depth(world, tokens);
-      EXPECT_EQ(d.stages, 4) << "world " << world << ", " << tokens << " tokens";
-      EXPECT_EQ(d.defer, 2) << "world " << world << ", " << tokens << " tokens";
-    }
-    EXPECT_EQ(choose_pipeline_depth(1, tokens).stages, 2);
-    EXPECT_EQ(choose_pipeline_depth(1, tokens).defer, 0);
-    EXPECT_EQ(choose_pipeline_depth(4, tokens).defer, 2);
-    EXPECT_EQ(choose_pipeline_depth(8, tokens).defer, 3);
-  }
-  // A forced depth wins over the token rule.
-  EXPECT_EQ(choose_pipeline_depth(2, 16384, 0, 1).defer, 1);
-  EXPECT_EQ(choose_pipeline_depth(2, 16384, 0, 1).stages, 3);
-  EXPECT_EQ(choose_pipeline_depth(2, 16384, 3, 0).defer, 2);
-  EXPECT_EQ(choose_pipeline_depth(2, 16384, 3, 0).stages, 3);
 }
 
 TEST(PipelineDepth, ShallowCandidateOnlyForManyRanksAndFewTokens) {
@@ -256,21 +233,20 @@ TEST(PipelineDepth, ShallowTakenForAnyGainAtFewTokensAndForDoubleGainUpToTheCap)
 }
 
 TEST(PipelineDepth, OverridesAreCutToFit) {
-  EXPECT_EQ(choose_pipeline_depth(1, 64, 4, 0).stages, 4);
-  EXPECT_EQ(choose_pipeline_depth(1, 64, 4, 3).defer, 0);      // alone nothing waits
-  const PipelineDepth a = choose_pipeline_depth(8, 64, 2, 0);  // forced shallow: D cut to 1
+  EXPECT_EQ(choose_pipeline_depth(1, 4, 0).stages, 4);
+  EXPECT_EQ(choose_pipeline_depth(1, 4, 3).defer, 0);      // alone nothing waits
+  const PipelineDepth a = choose_pipeline_depth(8, 2, 0);  // forced shallow: D cut to 1
   EXPECT_EQ(a.stages, 2);
   EXPECT_EQ(a.defer, 1);
-  const PipelineDepth b = choose_pipeline_depth(8, 64, 0, 1);  // forced D 1: stages follow
+  const PipelineDepth b = choose_pipeline_depth(8, 0, 1);  // forced D 1: stages follow
   EXPECT_EQ(b.stages, 3);
   EXPECT_EQ(b.defer, 1);
-  const PipelineDepth c = choose_pipeline_depth(2, 64, 3, 4);  // D 4 in 3 stages: cut to 2
+  const PipelineDepth c = choose_pipeline_depth(2, 3, 4);  // D 4 in 3 stages: cut to 2
   EXPECT_EQ(c.stages, 3);
   EXPECT_EQ(c.defer, 2);
-  EXPECT_TRUE(ThrowsErrorWith([] { choose_pipeline_depth(0, 64); }, "world must be >= 1"));
-  EXPECT_TRUE(ThrowsErrorWith([] { choose_pipeline_depth(2, -1); }, "tokens must be >= 0"));
-  EXPECT_TRUE(ThrowsErrorWith([] { choose_pipeline_depth(2, 64, 6, 0); }, "stages must be 0 or"));
-  EXPECT_TRUE(ThrowsErrorWith([] { choose_pipeline_depth(2, 64, 0, 5); }, "defer must be in"));
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_pipeline_depth(0); }, "world must be >= 1"));
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_pipeline_depth(2, 6, 0); }, "stages must be 0 or"));
+  EXPECT_TRUE(ThrowsErrorWith([] { choose_pipeline_depth(2, 0, 5); }, "defer must be in"));
 }
 
 TEST(ChooseKernelShape, BoundariesOfEachRegime) {

@@ -371,6 +371,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.q_width = qw;
   a.k_width = kw;
   a.capacity = cap;
+  a.slot_layout = static_cast<int>(choose_slot_layout(world, p0.q_full_width, p0.k_full_width));
   a.q_inv_full = 1.0f / static_cast<float>(p0.q_full_width);
   a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
   a.eps = p0.eps;

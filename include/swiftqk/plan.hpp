@@ -149,15 +149,47 @@ constexpr std::size_t kSlotBytes = 16;
 /// proves this cannot overtake a slow reader).
 constexpr int kSlotBanks = 2;
 
+/// @brief The order of a bank's slots in every workspace of a group.
+/// - kTokenMajor, [bank][token][src_rank]: a token's N slots are contiguous, so a reader's poll
+///   of one token is one line (up to TP 8).
+/// - kSourceMajor, [bank][src_rank][token]: a source's consecutive tokens are adjacent, so a warp
+///   that holds several short rows (the packed layout) publishes whole sectors to each peer, and
+///   a block's consecutive tokens fill lines; a reader then polls N lines per token. On one H200
+///   (virtual TP 8, OLMoE) it was 1.1 us faster at 4096 tokens and 2.6 us at 16384, and slower
+///   for every row of a warp or more (docs/results.md, session 14): choose_slot_layout.
+enum class SlotLayout : int { kTokenMajor = 0, kSourceMajor = 1 };
+
+/// Rows of at most this many elements per rank (1 KB in 2-byte types, kMaxPackedVectors
+/// vectors) use source-major slots, at TP 2 to 16 (where packed rows exist).
+constexpr int64_t kSourceMajorMaxRowElements = kMaxPackedVectors * 8;
+constexpr int kSourceMajorMaxWorld = 16;
+
+/// @brief The slot order of a group: a function of values every rank hashes into its tags
+/// (config_hash), so ranks that agree on their tags agree on the layout. It follows the packed
+/// row shape by element count, not by 16-byte vectors, because ranks need not share a dtype.
+constexpr SlotLayout choose_slot_layout(int world, int64_t q_full_width, int64_t k_full_width) {
+  return world >= 2 && world <= kSourceMajorMaxWorld &&
+                 (q_full_width + k_full_width) / world <= kSourceMajorMaxRowElements
+             ? SlotLayout::kSourceMajor
+             : SlotLayout::kTokenMajor;
+}
+
 /// @brief Byte offset of the slot written by src_rank for token in bank, inside the reader's
-/// workspace: [bank][token][src_rank], so a reader's N slots of a token are contiguous.
+/// workspace. Both layouts fill the same bank region: a bank is capacity x world slots.
 constexpr std::size_t slot_offset(int world, int64_t capacity, int bank, int64_t token,
-                                  int src_rank) {
-  return ((static_cast<std::size_t>(bank) * capacity + token) * world + src_rank) * kSlotBytes;
+                                  int src_rank, SlotLayout layout) {
+  return (layout == SlotLayout::kTokenMajor
+              ? (static_cast<std::size_t>(bank) * capacity + token) * world + src_rank
+              : (static_cast<std::size_t>(bank) * world + src_rank) * capacity + token) *
+         kSlotBytes;
+}
+/// @brief Bytes from a slot to the same source's slot of the next token.
+constexpr std::size_t slot_token_stride(int world, SlotLayout layout) {
+  return (layout == SlotLayout::kTokenMajor ? static_cast<std::size_t>(world) : 1u) * kSlotBytes;
 }
 /// @brief Byte offset of the P2P probe words ([world] x 8 bytes) after the slots.
 constexpr std::size_t probe_offset(int world, int64_t capacity) {
-  return slot_offset(world, capacity, kSlotBanks, 0, 0);
+  return slot_offset(world, capacity, kSlotBanks, 0, 0, SlotLayout::kTokenMajor);
 }
 /// The MiniMax-fused baseline's Lamport buffers: 3 x [capacity][world] slots of 16 bytes after
 /// the probe words; every 32-bit word holds -0.0 (0x80000000) while empty.

@@ -53,10 +53,11 @@ using Clock = std::chrono::steady_clock;
 
 struct Knobs {
   int world = 2;
-  int calls = 2000;         // host-level calls, including the 0-token ones
-  int64_t capacity = 12;    // slots per bank; tokens per call are drawn from [0, capacity]
-  int max_workers = 3;      // "blocks" per rank and call, drawn from [1, max_workers]
-  int max_defer = 0;        // deferral depth per rank and call, drawn from [0, max_defer]
+  int calls = 2000;       // host-level calls, including the 0-token ones
+  int64_t capacity = 12;  // slots per bank; tokens per call are drawn from [0, capacity]
+  int max_workers = 3;    // "blocks" per rank and call, drawn from [1, max_workers]
+  int max_defer = 0;      // deferral depth per rank and call, drawn from [0, max_defer]
+  SlotLayout layout = SlotLayout::kTokenMajor;  // the order of every workspace's slots
   int max_rows = 1;         // rows a worker handles per iteration (packed groups sharing a
                             // warp), drawn per rank and call from the powers of two <= max_rows
   uint32_t first_call = 0;  // initial value of every rank's device call counter
@@ -136,9 +137,9 @@ class Model {
   }
 
  private:
-  // Index of the first 64-bit word of slot [bank][token][src] in a rank's workspace.
+  // Index of the first 64-bit word of the slot of (bank, token, src) in a rank's workspace.
   std::size_t word_index(int bank, int64_t token, int src) const {
-    return slot_offset(k_.world, k_.capacity, bank, token, src) / 8;
+    return slot_offset(k_.world, k_.capacity, bank, token, src, k_.layout) / 8;
   }
 
   void Fail(std::atomic<int64_t>& counter, const std::string& what) {
@@ -437,10 +438,12 @@ TEST(ProtocolModel, World8) {
 
 // Worlds 2, 4 and 8 with up to max_defer deferred collects and up to max_rows rows a warp, drawn
 // per rank and call; then the tightest reuse: one slot per bank, one worker per rank.
-void ExpectCorrectWithMixedLayouts(int max_defer, int max_rows, uint64_t seed) {
+void ExpectCorrectWithMixedLayouts(int max_defer, int max_rows, uint64_t seed,
+                                   SlotLayout layout = SlotLayout::kTokenMajor) {
   for (int world : {2, 4, 8}) {
     Knobs k;
     k.world = world;
+    k.layout = layout;
     k.calls = world == 8 ? 600 : 1200;
     k.max_workers = world == 8 ? 2 : 3;
     k.max_defer = max_defer;
@@ -450,6 +453,7 @@ void ExpectCorrectWithMixedLayouts(int max_defer, int max_rows, uint64_t seed) {
   }
   Knobs k;
   k.world = 4;
+  k.layout = layout;
   k.calls = 800;
   k.capacity = 1;
   k.max_workers = 1;
@@ -474,6 +478,13 @@ TEST(ProtocolModel, PackedRowsOfMixedLayouts) {
   // processes on GPUs of different load may; with one slot per bank a packed warp often holds
   // one row and a group past the end. No deadlock, no wrong or stale sum.
   ExpectCorrectWithMixedLayouts(3, 4, 40);
+}
+
+TEST(ProtocolModel, PackedRowsWithSourceMajorSlots) {
+  // Short rows (choose_slot_layout) order the slots by source: the same protocol on another
+  // map of (bank, token, source) to words, so each bank still has its own region and a scrub
+  // still reaches every slot of it.
+  ExpectCorrectWithMixedLayouts(3, 4, 60, SlotLayout::kSourceMajor);
 }
 
 TEST(ProtocolModel, CounterWrapsAt2To30) {

@@ -1,7 +1,8 @@
 // One rank of a group of separate processes sharing GPUs through CUDA IPC. Handles and a final
 // barrier travel through files in a directory. Exit code 0: every checked call was correct.
-//   swiftqk_ipc_worker RANK WORLD DIR [TOKENS] [CALLS] [DEVICE] [DIE_RANK DIE_CALL]
-// DEVICE -1: rank r uses GPU r mod #GPUs (one GPU per rank when there are enough).
+//   swiftqk_ipc_worker RANK WORLD DIR [TOKENS] [CALLS] [DEVICE] [DIE_RANK DIE_CALL] [Q K]
+// DEVICE -1: rank r uses GPU r mod #GPUs (one GPU per rank when there are enough). Q and K are
+// the full widths (default 5120 and 1024, OLMo3-32B); DIE_RANK -1 runs without a fault.
 // Fault mode (DIE_RANK >= 0): rank DIE_RANK exits abruptly at call DIE_CALL, as a killed process
 // would; every other rank must then get a clear error within its timeout (exit 0), not hang and
 // not return silently (exit 4).
@@ -30,6 +31,8 @@ int main(int argc, char** argv) {
   int device = argc > 6 ? std::stoi(argv[6]) : 0;
   const int die_rank = argc > 8 ? std::stoi(argv[7]) : -1;
   const int die_call = argc > 8 ? std::stoi(argv[8]) : -1;
+  const int64_t q_width = argc > 10 ? std::stoll(argv[9]) : 5120;
+  const int64_t k_width = argc > 10 ? std::stoll(argv[10]) : 1024;
   try {
     if (device < 0) {
       int count = 0;
@@ -50,7 +53,8 @@ int main(int argc, char** argv) {
     if (!comm.probe_peers(s)) SWIFTQK_FAIL("P2P write test failed");
 
     // Every process draws the same full problem from the seed and keeps its own shard.
-    Problem p = Problem::random(tokens, 5120, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 42);
+    Problem p =
+        Problem::random(tokens, q_width, k_width, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 42);
     RankData d = make_rank(p, world, rank, Layout::kFusedOutOfPlace);
     cudaGraphExec_t ge = capture_graph(s, [&] { launch_qk_norm(comm, d.params, s); });
     int wrong_calls = 0;
@@ -88,7 +92,9 @@ int main(int argc, char** argv) {
     }
     rv.barrier("done");  // no rank unmaps while a peer may still write
     SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
-    std::printf("rank %d/%d: %d calls, %d wrong\n", rank, world, calls, wrong_calls);
+    std::printf("rank %d/%d: %d calls of %lld tokens (Q %lld, K %lld), %d wrong\n", rank, world,
+                calls, static_cast<long long>(tokens), static_cast<long long>(q_width),
+                static_cast<long long>(k_width), wrong_calls);
     return wrong_calls == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "problem.hpp"
+#include "swiftqk/plan.hpp"
 
 extern char** environ;
 
@@ -28,18 +29,24 @@ std::string worker_path() {
 }
 
 int run_group(int world, int64_t tokens, int calls, int die_rank = -1, int die_call = -1,
-              int device = 0) {
+              int device = 0, int64_t q_width = 5120, int64_t k_width = 1024) {
   const std::string dir = std::filesystem::temp_directory_path() /
                           ("swiftqk_ipc_" + std::to_string(getpid()) + "_" + std::to_string(world));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> args = {worker_path(),           std::to_string(r),
-                                     std::to_string(world),   dir,
-                                     std::to_string(tokens),  std::to_string(calls),
-                                     std::to_string(device),  std::to_string(die_rank),
-                                     std::to_string(die_call)};
+    std::vector<std::string> args = {worker_path(),
+                                     std::to_string(r),
+                                     std::to_string(world),
+                                     dir,
+                                     std::to_string(tokens),
+                                     std::to_string(calls),
+                                     std::to_string(device),
+                                     std::to_string(die_rank),
+                                     std::to_string(die_call),
+                                     std::to_string(q_width),
+                                     std::to_string(k_width)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -83,6 +90,14 @@ TEST(IpcProcesses, FourRanks) {
   EXPECT_EQ(run_group(4, 33, 4), 0);
 }
 
+// Rows of 512 elements a rank (choose_slot_layout: source-major slots), enough tokens for the
+// packed layout: the processes agree on the slot order without exchanging it.
+TEST(IpcProcesses, TwoRanksShortRowsSourceMajorSlots) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  ASSERT_EQ(choose_slot_layout(2, 512, 512), SlotLayout::kSourceMajor);
+  EXPECT_EQ(run_group(2, 6000, 4, -1, -1, 0, 512, 512), 0);
+}
+
 int gpu_count() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
@@ -94,6 +109,16 @@ TEST(IpcProcesses, OneGpuPerRank) {
     GTEST_SKIP() << "needs 2 GPUs, this machine has " << gpu_count() << ": multi-GPU test skipped";
   }
   EXPECT_EQ(run_group(gpu_count(), 4096, 8, -1, -1, /*device=*/-1), 0);
+}
+
+TEST(IpcProcesses, OneGpuPerRankShortRowsSourceMajorSlots) {
+  if (gpu_count() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs, this machine has " << gpu_count() << ": multi-GPU test skipped";
+  }
+  const int world = gpu_count();
+  const int64_t width = 256 * world;  // 512 elements a rank
+  ASSERT_EQ(choose_slot_layout(world, width, width), SlotLayout::kSourceMajor);
+  EXPECT_EQ(run_group(world, 16384, 6, -1, -1, /*device=*/-1, width, width), 0);
 }
 
 TEST(IpcProcesses, KilledPeerOnAnotherGpu) {

@@ -22,20 +22,30 @@ struct BankView {
   std::vector<uint32_t> tags;  // [token * world + src], 0 for zero slots
 };
 
+// The calls below have 1024 + 512 elements: rows of 768, 384 and 192 elements a rank at world 2,
+// 4 and 8, so world 2 runs token-major slots and 4 and 8 source-major ones (choose_slot_layout).
+constexpr int64_t kQWidth = 1024, kKWidth = 512;
+
 BankView read_bank(const Communicator& c, int bank) {
   const detail::CommState& s = c.state();
   const int world = s.world;
+  const SlotLayout layout = choose_slot_layout(world, kQWidth, kKWidth);
+  // A bank is one region of capacity x world slots in either layout.
+  const std::size_t base = slot_offset(world, kCapacity, bank, 0, 0, SlotLayout::kTokenMajor);
   std::vector<uint64_t> words(static_cast<std::size_t>(kCapacity) * world * 2);
-  SWIFTQK_CUDA_TRY(cudaMemcpy(words.data(), s.local_ws + slot_offset(world, kCapacity, bank, 0, 0),
-                              words.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  SWIFTQK_CUDA_TRY(cudaMemcpy(words.data(), s.local_ws + base, words.size() * sizeof(uint64_t),
+                              cudaMemcpyDeviceToHost));
   BankView v;
   v.tags.resize(static_cast<std::size_t>(kCapacity) * world);
-  for (std::size_t i = 0; i < v.tags.size(); ++i) {
-    const uint64_t w0 = words[2 * i], w1 = words[2 * i + 1];
-    if (w0 == 0 && w1 == 0) {
-      ++v.zero;
-    } else {
-      v.tags[i] = static_cast<uint32_t>(w0 >> 32);
+  for (int64_t t = 0; t < kCapacity; ++t) {
+    for (int src = 0; src < world; ++src) {
+      const std::size_t w = (slot_offset(world, kCapacity, bank, t, src, layout) - base) / 8;
+      const uint64_t w0 = words[w], w1 = words[w + 1];
+      if (w0 == 0 && w1 == 0) {
+        ++v.zero;
+      } else {
+        v.tags[static_cast<std::size_t>(t) * world + src] = static_cast<uint32_t>(w0 >> 32);
+      }
     }
   }
   return v;
@@ -52,7 +62,7 @@ void set_call(std::vector<Communicator>& comms, uint32_t call) {
 void run_checked(std::vector<Communicator>& comms, int64_t tokens, uint64_t seed, cudaStream_t s) {
   const int world = static_cast<int>(comms.size());
   const Problem p =
-      Problem::random(tokens, 1024, 512, DType::kBF16, NormOrder::kOlmo2, 1e-6f, seed);
+      Problem::random(tokens, kQWidth, kKWidth, DType::kBF16, NormOrder::kOlmo2, 1e-6f, seed);
   std::vector<RankData> data;
   std::vector<QkNormParams> pp;
   std::vector<Communicator*> cp;

@@ -371,7 +371,6 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.q_width = qw;
   a.k_width = kw;
   a.capacity = cap;
-  a.slot_layout = static_cast<int>(choose_slot_layout(world, p0.q_full_width, p0.k_full_width));
   a.q_inv_full = 1.0f / static_cast<float>(p0.q_full_width);
   a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
   a.eps = p0.eps;
@@ -388,6 +387,11 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     a.config_hash = config_hash(p0.q_full_width, p0.k_full_width, world, p0.eps,
                                 static_cast<int>(p0.order), chunk);
     a.blocks_per_rank = g.blocks_per_rank;
+    // The slot order, like the hash, follows the chunk's token count: every rank derives it from
+    // the hashed values alone (choose_slot_layout).
+    const SlotLayout slots = choose_slot_layout(world, p0.q_full_width, p0.k_full_width, chunk);
+    a.slot_source_bytes = static_cast<int64_t>(slot_source_stride(cap, slots));
+    a.slot_token_words = static_cast<int>(slot_token_stride(world, slots) / sizeof(uint64_t));
     for (int i = 0; i < ranks; ++i)
       a.r[i] = detail::rank_args_for(comms[i]->state(), params[i], first);
     launch_fused(fn, g.grid(), shape.block_threads(), smem, stream, a, pdl);

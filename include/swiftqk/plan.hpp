@@ -154,38 +154,54 @@ constexpr int kSlotBanks = 2;
 ///   of one token is one line (up to TP 8).
 /// - kSourceMajor, [bank][src_rank][token]: a source's consecutive tokens are adjacent, so a warp
 ///   that holds several short rows (the packed layout) publishes whole sectors to each peer, and
-///   a block's consecutive tokens fill lines; a reader then polls N lines per token. On one H200
-///   (virtual TP 8, OLMoE) it was 1.1 us faster at 4096 tokens and 2.6 us at 16384, and slower
-///   for every row of a warp or more (docs/results.md, session 14): choose_slot_layout.
+///   a block's consecutive tokens fill lines; a reader then polls N lines per token.
+/// Both fill the same region of a bank (capacity x world slots), so a scrub call clears what a
+/// call of either layout left there.
 enum class SlotLayout : int { kTokenMajor = 0, kSourceMajor = 1 };
 
-/// Rows of at most this many elements per rank (1 KB in 2-byte types, kMaxPackedVectors
-/// vectors) use source-major slots, at TP 2 to 16 (where packed rows exist).
+/// Source-major slots are chosen for rows of at most kSourceMajorMaxRowElements elements a rank
+/// (1 KB in 2-byte types, kMaxPackedVectors vectors), at TP 8 to 16, from
+/// kSourceMajorMinTokens tokens a launch. On one H200 (docs/results.md, session 14): virtual TP 8
+/// OLMoE 1.0-1.2 us faster at 4096 tokens (fp8 2.0) and 0.2 at 256, level at 1024-16384, 0.1 us
+/// slower at 1-64; virtual TP 16 at 4096 tokens 21-25 us faster for four models (OLMoE 56.6 ->
+/// 35.7 us), where a token's 16 token-major slots span two lines; at TP 2 and 4 short rows were
+/// level or 0.2 us slower.
 constexpr int64_t kSourceMajorMaxRowElements = kMaxPackedVectors * 8;
+constexpr int kSourceMajorMinWorld = 8;
 constexpr int kSourceMajorMaxWorld = 16;
+constexpr int64_t kSourceMajorMinTokens = 256;
 
-/// @brief The slot order of a group: a function of values every rank hashes into its tags
-/// (config_hash), so ranks that agree on their tags agree on the layout. It follows the packed
-/// row shape by element count, not by 16-byte vectors, because ranks need not share a dtype.
-constexpr SlotLayout choose_slot_layout(int world, int64_t q_full_width, int64_t k_full_width) {
-  return world >= 2 && world <= kSourceMajorMaxWorld &&
-                 (q_full_width + k_full_width) / world <= kSourceMajorMaxRowElements
+/// @brief The slot order of one launch: a function of values every rank hashes into its tags
+/// (config_hash: the full widths, the world and the launch's token count), so ranks that agree
+/// on their tags agree on the layout. It counts elements, not 16-byte vectors, because ranks
+/// need not share a dtype.
+constexpr SlotLayout choose_slot_layout(int world, int64_t q_full_width, int64_t k_full_width,
+                                        int64_t tokens) {
+  return world >= kSourceMajorMinWorld && world <= kSourceMajorMaxWorld &&
+                 (q_full_width + k_full_width) / world <= kSourceMajorMaxRowElements &&
+                 tokens >= kSourceMajorMinTokens
              ? SlotLayout::kSourceMajor
              : SlotLayout::kTokenMajor;
 }
 
-/// @brief Byte offset of the slot written by src_rank for token in bank, inside the reader's
-/// workspace. Both layouts fill the same bank region: a bank is capacity x world slots.
-constexpr std::size_t slot_offset(int world, int64_t capacity, int bank, int64_t token,
-                                  int src_rank, SlotLayout layout) {
-  return (layout == SlotLayout::kTokenMajor
-              ? (static_cast<std::size_t>(bank) * capacity + token) * world + src_rank
-              : (static_cast<std::size_t>(bank) * world + src_rank) * capacity + token) *
-         kSlotBytes;
+/// @brief Bytes of one bank: capacity x world slots, in either layout.
+constexpr std::size_t slot_bank_bytes(int world, int64_t capacity) {
+  return static_cast<std::size_t>(capacity) * world * kSlotBytes;
+}
+/// @brief Bytes from a source's slot to the next source's slot of the same token.
+constexpr std::size_t slot_source_stride(int64_t capacity, SlotLayout layout) {
+  return (layout == SlotLayout::kTokenMajor ? 1u : static_cast<std::size_t>(capacity)) * kSlotBytes;
 }
 /// @brief Bytes from a slot to the same source's slot of the next token.
 constexpr std::size_t slot_token_stride(int world, SlotLayout layout) {
   return (layout == SlotLayout::kTokenMajor ? static_cast<std::size_t>(world) : 1u) * kSlotBytes;
+}
+/// @brief Byte offset of the slot written by src_rank for token in bank, inside the reader's
+/// workspace. The kernel adds the same three terms (its strides come from the host).
+constexpr std::size_t slot_offset(int world, int64_t capacity, int bank, int64_t token,
+                                  int src_rank, SlotLayout layout) {
+  return bank * slot_bank_bytes(world, capacity) + src_rank * slot_source_stride(capacity, layout) +
+         static_cast<std::size_t>(token) * slot_token_stride(world, layout);
 }
 /// @brief Byte offset of the P2P probe words ([world] x 8 bytes) after the slots.
 constexpr std::size_t probe_offset(int world, int64_t capacity) {

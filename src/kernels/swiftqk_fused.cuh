@@ -144,8 +144,9 @@ __device__ __forceinline__ void write_output(const RankArgs& ra, int64_t t, int6
 
 /// Lane sl's slots of this call's bank at token 0: the one it publishes into (this rank's slot
 /// in rank sl's workspace) and the one it watches (rank sl's slot in this rank's workspace).
-/// Token t's are t * token_words words further (slot_token_stride: world slots token-major, one
-/// slot source-major). Computed once per block: per token only one multiply.
+/// Token t's are t * a.slot_token_words words further. The launch's SlotLayout arrives as its
+/// two strides (slot_offset in plan.hpp adds the same terms), so the kernel does not branch on
+/// it. Computed once per block: per token only one multiply.
 /// peer_ws is rank sl's workspace (ra.peers[sl], loaded by the caller well before: computing
 /// this right after that load and the call counter's put both round trips before the first
 /// row load, 0.2-0.3 us at 64 tokens).
@@ -154,15 +155,17 @@ struct ExchangeLane {
   uint64_t* watch = nullptr;
 };
 
+__device__ __forceinline__ std::size_t slot_base(const LaunchArgs& a, int bank, int src) {
+  return bank * slot_bank_bytes(a.world, a.capacity) +
+         static_cast<std::size_t>(src) * static_cast<std::size_t>(a.slot_source_bytes);
+}
+
 __device__ inline ExchangeLane exchange_lane(const LaunchArgs& a, const RankArgs& ra, int bank,
                                              int sl, uint8_t* peer_ws) {
   ExchangeLane e;
   if (sl < a.world) {
-    const auto layout = static_cast<SlotLayout>(a.slot_layout);
-    e.publish = reinterpret_cast<uint64_t*>(
-        peer_ws + slot_offset(a.world, a.capacity, bank, 0, ra.rank, layout));
-    e.watch = reinterpret_cast<uint64_t*>(ra.local_ws +
-                                          slot_offset(a.world, a.capacity, bank, 0, sl, layout));
+    e.publish = reinterpret_cast<uint64_t*>(peer_ws + slot_base(a, bank, ra.rank));
+    e.watch = reinterpret_cast<uint64_t*>(ra.local_ws + slot_base(a, bank, sl));
   }
   return e;
 }
@@ -244,9 +247,8 @@ __device__ inline void scrub_own_slots(const LaunchArgs& a, const RankArgs& ra, 
   for (int64_t i = gt; i < slots; i += G) {
     const int64_t k = i / a.world;
     const int src = static_cast<int>(i - k * a.world);
-    store_slot_sys(reinterpret_cast<uint64_t*>(
-                       ra.local_ws + slot_offset(a.world, a.capacity, bank, first_token + k * step,
-                                                 src, static_cast<SlotLayout>(a.slot_layout))),
+    store_slot_sys(reinterpret_cast<uint64_t*>(ra.local_ws + slot_base(a, bank, src)) +
+                       (first_token + k * step) * a.slot_token_words,
                    0ull, 0ull);
   }
 }
@@ -383,8 +385,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   const int bank = bank_for_call(call);
   const int step = a.blocks_per_rank * a.tokens_per_block;
   uint8_t* const peer_ws = !kAlone && !kLamport && sl < a.world ? ra.peers[sl] : nullptr;
-  const int token_words = static_cast<int>(
-      slot_token_stride(a.world, static_cast<SlotLayout>(a.slot_layout)) / sizeof(uint64_t));
+  const int token_words = a.slot_token_words;
   int world_pow2 = 1;
   while (world_pow2 < a.world) world_pow2 <<= 1;
   const int first = lblock * a.tokens_per_block;

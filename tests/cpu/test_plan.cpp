@@ -558,19 +558,24 @@ TEST(SlotLayout, InjectiveContiguousAndInsideTheWorkspace) {
   }
 }
 
-TEST(SlotLayout, SourceMajorForRowsOfAtMost512ElementsAtTp2To16) {
-  // The model shapes (Q, K): only OLMoE at TP 8 (and 16) has rows this short.
-  EXPECT_EQ(choose_slot_layout(8, 2048, 2048), kSM);   // OLMoE, 512 elements a rank
-  EXPECT_EQ(choose_slot_layout(4, 2048, 2048), kTM);   // 1024
-  EXPECT_EQ(choose_slot_layout(8, 6144, 1024), kTM);   // MiniMax-M2, 896
-  EXPECT_EQ(choose_slot_layout(8, 5120, 1024), kTM);   // OLMo3-32B, 768
-  EXPECT_EQ(choose_slot_layout(16, 6144, 1024), kSM);  // 448
-  EXPECT_EQ(choose_slot_layout(16, 4096, 4096), kSM);  // 512
-  // The bounds: one element over, alone, and past TP 16 (no packed rows there).
-  EXPECT_EQ(choose_slot_layout(2, 512, 512), kSM);
-  EXPECT_EQ(choose_slot_layout(2, 512, 514), kTM);
-  EXPECT_EQ(choose_slot_layout(1, 256, 256), kTM);
-  EXPECT_EQ(choose_slot_layout(32, 4096, 4096), kTM);
+TEST(SlotLayout, SourceMajorForRowsOfAtMost512ElementsAtTp8To16From256Tokens) {
+  // The model shapes (Q, K) at 4096 tokens: OLMoE at TP 8, and four models at TP 16.
+  EXPECT_EQ(choose_slot_layout(8, 2048, 2048, 4096), kSM);   // OLMoE, 512 elements a rank
+  EXPECT_EQ(choose_slot_layout(4, 2048, 2048, 4096), kTM);   // 1024
+  EXPECT_EQ(choose_slot_layout(8, 6144, 1024, 4096), kTM);   // MiniMax-M2, 896
+  EXPECT_EQ(choose_slot_layout(8, 5120, 1024, 4096), kTM);   // OLMo3-32B, 768
+  EXPECT_EQ(choose_slot_layout(16, 6144, 1024, 4096), kSM);  // 448
+  EXPECT_EQ(choose_slot_layout(16, 4096, 4096, 4096), kSM);  // OLMo2-7B, 512
+  EXPECT_EQ(choose_slot_layout(16, 5120, 5120, 4096), kTM);  // OLMo2-13B, 640
+  // The bounds: tokens, row length, world.
+  EXPECT_EQ(choose_slot_layout(8, 2048, 2048, kSourceMajorMinTokens), kSM);
+  EXPECT_EQ(choose_slot_layout(8, 2048, 2048, kSourceMajorMinTokens - 1), kTM);
+  EXPECT_EQ(choose_slot_layout(8, 2048, 2048, 1), kTM);
+  EXPECT_EQ(choose_slot_layout(8, 2048, 2056, 4096), kTM);  // 513 elements
+  EXPECT_EQ(choose_slot_layout(4, 1024, 1024, 4096), kTM);  // short rows at TP 4
+  EXPECT_EQ(choose_slot_layout(2, 256, 256, 4096), kTM);
+  EXPECT_EQ(choose_slot_layout(1, 256, 256, 4096), kTM);
+  EXPECT_EQ(choose_slot_layout(32, 4096, 4096, 4096), kTM);  // no packed rows past TP 16
   EXPECT_EQ(kSourceMajorMaxRowElements, kMaxPackedVectors * 8);
 }
 

@@ -14,7 +14,7 @@
 namespace swiftqk::testing {
 namespace {
 
-constexpr int64_t kCapacity = 96;
+constexpr int64_t kCapacity = 300;  // room for source-major calls (256 tokens and more)
 
 // Per rank, per bank: how many slots are zero and which tags (word 0) the others carry.
 struct BankView {
@@ -22,16 +22,18 @@ struct BankView {
   std::vector<uint32_t> tags;  // [token * world + src], 0 for zero slots
 };
 
-// The calls below have 1024 + 512 elements: rows of 768, 384 and 192 elements a rank at world 2,
-// 4 and 8, so world 2 runs token-major slots and 4 and 8 source-major ones (choose_slot_layout).
+// The calls below have 1024 + 512 elements, rows of at most 768 elements a rank: calls of 256
+// tokens or more at world 8 run source-major slots, the others token-major ones
+// (choose_slot_layout), so a bank is written in one order and scrubbed in the other.
 constexpr int64_t kQWidth = 1024, kKWidth = 512;
 
-BankView read_bank(const Communicator& c, int bank) {
+// tags of bank `bank` as the call of `tokens` tokens that wrote it laid them out
+BankView read_bank(const Communicator& c, int bank, int64_t tokens) {
   const detail::CommState& s = c.state();
   const int world = s.world;
-  const SlotLayout layout = choose_slot_layout(world, kQWidth, kKWidth);
+  const SlotLayout layout = choose_slot_layout(world, kQWidth, kKWidth, tokens);
   // A bank is one region of capacity x world slots in either layout.
-  const std::size_t base = slot_offset(world, kCapacity, bank, 0, 0, SlotLayout::kTokenMajor);
+  const std::size_t base = bank * slot_bank_bytes(world, kCapacity);
   std::vector<uint64_t> words(static_cast<std::size_t>(kCapacity) * world * 2);
   SWIFTQK_CUDA_TRY(cudaMemcpy(words.data(), s.local_ws + base, words.size() * sizeof(uint64_t),
                               cudaMemcpyDeviceToHost));
@@ -97,35 +99,39 @@ TEST(SlotScrub, ScrubCallsZeroTheirWholeBankOrdinaryCallsLeaveTheirSlots) {
     ASSERT_TRUE(is_scrub_call(c0 + 2) && is_scrub_call(c0 + 3) && !is_scrub_call(c0 + 4));
     set_call(comms, c0);
 
-    // Two ordinary calls of 90 tokens: their slots keep the partials under their call's tag.
-    run_checked(comms, 90, 1, s);
-    run_checked(comms, 90, 2, s);
+    // Two ordinary calls, of 260 tokens on bank 0 (source-major at world 8) and 90 on bank 1:
+    // their slots keep the partials under their call's tag.
+    const int64_t n0 = 260, n1 = 90;
+    run_checked(comms, n0, 1, s);
+    run_checked(comms, n1, 2, s);
     for (auto& c : comms) {
       for (int bank : {0, 1}) {
-        const BankView v = read_bank(c, bank);
-        EXPECT_EQ(v.zero, slots - 90 * world) << "rank " << c.rank() << " bank " << bank;
-        for (int64_t i = 0; i < 90 * world; ++i) {
+        const int64_t n = bank == 0 ? n0 : n1;
+        const BankView v = read_bank(c, bank, n);
+        EXPECT_EQ(v.zero, slots - n * world) << "rank " << c.rank() << " bank " << bank;
+        for (int64_t i = 0; i < n * world; ++i) {
           ASSERT_EQ(v.tags[i], tag_for_call(c0 + bank)) << "rank " << c.rank() << " slot " << i;
         }
       }
     }
-    // A scrub call of 3 tokens on bank 0: afterwards all of bank 0 is zero, tokens 3..89 of the
-    // earlier call included; bank 1 is untouched.
+    // A scrub call of 3 tokens (token-major) on bank 0: afterwards all of bank 0 is zero, tokens
+    // 3..259 of the earlier call included, whatever their order; bank 1 is untouched.
     run_checked(comms, 3, 3, s);
     for (auto& c : comms) {
-      EXPECT_EQ(read_bank(c, 0).zero, slots) << "rank " << c.rank();
-      EXPECT_EQ(read_bank(c, 1).zero, slots - 90 * world) << "rank " << c.rank();
+      EXPECT_EQ(read_bank(c, 0, 3).zero, slots) << "rank " << c.rank();
+      EXPECT_EQ(read_bank(c, 1, n1).zero, slots - n1 * world) << "rank " << c.rank();
     }
-    // The second scrub call, 1 token on bank 1.
-    run_checked(comms, 1, 4, s);
+    // The second scrub call, 270 tokens on bank 1 (source-major at world 8): it clears what the
+    // token-major call left there, and its own slots.
+    run_checked(comms, 270, 4, s);
     for (auto& c : comms) {
-      EXPECT_EQ(read_bank(c, 0).zero, slots) << "rank " << c.rank();
-      EXPECT_EQ(read_bank(c, 1).zero, slots) << "rank " << c.rank();
+      EXPECT_EQ(read_bank(c, 0, 3).zero, slots) << "rank " << c.rank();
+      EXPECT_EQ(read_bank(c, 1, 270).zero, slots) << "rank " << c.rank();
     }
     // Ordinary again: 7 tokens on bank 0 leave exactly their slots.
     run_checked(comms, 7, 5, s);
     for (auto& c : comms) {
-      const BankView v = read_bank(c, 0);
+      const BankView v = read_bank(c, 0, 7);
       EXPECT_EQ(v.zero, slots - 7 * world) << "rank " << c.rank();
       EXPECT_EQ(v.tags[0], tag_for_call(c0 + 4));
     }

@@ -123,6 +123,10 @@ std::vector<Case> odd_cases() {
   // Token counts: none, one, many, and more than the workspace holds (chunked launches).
   v.push_back({2, 0, 4096, 4096, DType::kBF16, NormOrder::kOlmo2});
   v.push_back({4, 16500, 2048, 2048, DType::kBF16, NormOrder::kOlmo2});
+  // Rows of 512 elements at TP 8 (choose_slot_layout): 16500 tokens are a launch of 16384 with
+  // source-major slots, then one of 116 with token-major ones; fp8 rows of 32 vectors.
+  v.push_back({8, 16500, 2048, 2048, DType::kBF16, NormOrder::kOlmo2});
+  v.push_back({8, 300, 2048, 2048, DType::kF8E4M3, NormOrder::kLlama});
   v.push_back({2, 5000, 1024, 512, DType::kBF16, NormOrder::kLlama, Layout::kSeparate,
                Launch::kGroup, 1024});
   // Widths that are not powers of two, nor multiples of the vector size (scalar path).
@@ -194,9 +198,10 @@ std::vector<Case> few_block_cases() {
   mm.sm_budget = 1;
   v.push_back(mm);
   // Rows of 64 vectors (OLMoE at TP 8; 1024/1024 at TP 4) on a grid residency caps: the launch
-  // packs them 2 to a warp (packed_kernel_shape), so 16-lane groups exchange and sum.
+  // packs them 2 to a warp (packed_kernel_shape), so 16-lane groups exchange and sum; at TP 8
+  // from 256 tokens over source-major slots (choose_slot_layout), below over token-major ones.
   for (NormOrder o : {NormOrder::kOlmo2, NormOrder::kLlama}) {
-    Case c{8, 211, 2048, 2048, DType::kBF16, o};
+    Case c{8, o == NormOrder::kOlmo2 ? 300 : 211, 2048, 2048, DType::kBF16, o};
     c.sm_budget = 4;
     v.push_back(c);
   }

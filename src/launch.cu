@@ -390,8 +390,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     // The slot order, like the hash, follows the chunk's token count: every rank derives it from
     // the hashed values alone (choose_slot_layout).
     const SlotLayout slots = choose_slot_layout(world, p0.q_full_width, p0.k_full_width, chunk);
-    a.slot_source_bytes = static_cast<int64_t>(slot_source_stride(cap, slots));
-    a.slot_token_words = static_cast<int>(slot_token_stride(world, slots) / sizeof(uint64_t));
+    a.slot_layout = static_cast<int>(slots);
     for (int i = 0; i < ranks; ++i)
       a.r[i] = detail::rank_args_for(comms[i]->state(), params[i], first);
     launch_fused(fn, g.grid(), shape.block_threads(), smem, stream, a, pdl);

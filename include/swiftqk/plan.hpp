@@ -188,19 +188,22 @@ constexpr SlotLayout choose_slot_layout(int world, int64_t q_full_width, int64_t
 constexpr std::size_t slot_bank_bytes(int world, int64_t capacity) {
   return static_cast<std::size_t>(capacity) * world * kSlotBytes;
 }
-/// @brief Bytes from a source's slot to the next source's slot of the same token.
-constexpr std::size_t slot_source_stride(int64_t capacity, SlotLayout layout) {
-  return (layout == SlotLayout::kTokenMajor ? 1u : static_cast<std::size_t>(capacity)) * kSlotBytes;
-}
 /// @brief Bytes from a slot to the same source's slot of the next token.
 constexpr std::size_t slot_token_stride(int world, SlotLayout layout) {
   return (layout == SlotLayout::kTokenMajor ? static_cast<std::size_t>(world) : 1u) * kSlotBytes;
 }
 /// @brief Byte offset of the slot written by src_rank for token in bank, inside the reader's
-/// workspace. The kernel adds the same three terms (its strides come from the host).
+/// workspace; the kernel calls it too. Written as the token-major slot of (bank, token 0, src),
+/// source-major src * (capacity - 1) slots further, then the token's stride. Why this shape: with
+/// both strides selected up front (26ff664) the compiler waited for the call counter's load
+/// before issuing the first row copies, 0.2-0.35 us more at 1-64 tokens with peers on the H200;
+/// this one is within 0.05 us of the token-major-only kernel (docs/results.md, session 14).
 constexpr std::size_t slot_offset(int world, int64_t capacity, int bank, int64_t token,
                                   int src_rank, SlotLayout layout) {
-  return bank * slot_bank_bytes(world, capacity) + src_rank * slot_source_stride(capacity, layout) +
+  const std::size_t token_major = static_cast<std::size_t>(bank) * capacity * world + src_rank;
+  const std::size_t skew =
+      layout == SlotLayout::kSourceMajor ? static_cast<std::size_t>(src_rank) * (capacity - 1) : 0;
+  return (token_major + skew) * kSlotBytes +
          static_cast<std::size_t>(token) * slot_token_stride(world, layout);
 }
 /// @brief Byte offset of the P2P probe words ([world] x 8 bytes) after the slots.

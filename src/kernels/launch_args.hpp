@@ -62,11 +62,10 @@ struct LaunchArgs {
   int stages;                    // rows staged per group (kMinStages..kMaxStages), vector path
   int defer;                     // deferral depth with peers, at most stages - 1
   int order;                     // NormOrder
+  int slot_layout;               // SlotLayout of this launch (choose_slot_layout)
   int64_t tokens;                // rows in this launch (one chunk)
   int64_t q_width, k_width;      // local widths in elements
   int64_t capacity;              // token slots per bank
-  int64_t slot_source_bytes;     // slot_source_stride of this launch's SlotLayout
-  int slot_token_words;          // slot_token_stride / 8
   float q_inv_full, k_inv_full;  // 1 / full width
   float eps;
   uint32_t config_hash;

@@ -144,9 +144,8 @@ __device__ __forceinline__ void write_output(const RankArgs& ra, int64_t t, int6
 
 /// Lane sl's slots of this call's bank at token 0: the one it publishes into (this rank's slot
 /// in rank sl's workspace) and the one it watches (rank sl's slot in this rank's workspace).
-/// Token t's are t * a.slot_token_words words further. The launch's SlotLayout arrives as its
-/// two strides (slot_offset in plan.hpp adds the same terms), so the kernel does not branch on
-/// it. Computed once per block: per token only one multiply.
+/// Token t's are t * slot_token_words words further (slot_offset and slot_token_stride, shared
+/// with the host and CPU-tested). Computed once per block: per token only one multiply.
 /// peer_ws is rank sl's workspace (ra.peers[sl], loaded by the caller well before: computing
 /// this right after that load and the call counter's put both round trips before the first
 /// row load, 0.2-0.3 us at 64 tokens).
@@ -156,10 +155,12 @@ struct ExchangeLane {
 };
 
 __device__ __forceinline__ std::size_t slot_base(const LaunchArgs& a, int bank, int src) {
-  return bank * slot_bank_bytes(a.world, a.capacity) +
-         static_cast<std::size_t>(src) * static_cast<std::size_t>(a.slot_source_bytes);
+  return slot_offset(a.world, a.capacity, bank, 0, src, static_cast<SlotLayout>(a.slot_layout));
 }
-
+__device__ __forceinline__ int slot_token_words(const LaunchArgs& a) {
+  return static_cast<int>(slot_token_stride(a.world, static_cast<SlotLayout>(a.slot_layout)) /
+                          sizeof(uint64_t));
+}
 __device__ inline ExchangeLane exchange_lane(const LaunchArgs& a, const RankArgs& ra, int bank,
                                              int sl, uint8_t* peer_ws) {
   ExchangeLane e;
@@ -248,7 +249,7 @@ __device__ inline void scrub_own_slots(const LaunchArgs& a, const RankArgs& ra, 
     const int64_t k = i / a.world;
     const int src = static_cast<int>(i - k * a.world);
     store_slot_sys(reinterpret_cast<uint64_t*>(ra.local_ws + slot_base(a, bank, src)) +
-                       (first_token + k * step) * a.slot_token_words,
+                       (first_token + k * step) * slot_token_words(a),
                    0ull, 0ull);
   }
 }
@@ -385,7 +386,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   const int bank = bank_for_call(call);
   const int step = a.blocks_per_rank * a.tokens_per_block;
   uint8_t* const peer_ws = !kAlone && !kLamport && sl < a.world ? ra.peers[sl] : nullptr;
-  const int token_words = a.slot_token_words;
+  const int token_words = slot_token_words(a);
   int world_pow2 = 1;
   while (world_pow2 < a.world) world_pow2 <<= 1;
   const int first = lblock * a.tokens_per_block;

@@ -162,10 +162,10 @@ enum class SlotLayout : int { kTokenMajor = 0, kSourceMajor = 1 };
 /// Source-major slots are chosen for rows of at most kSourceMajorMaxRowElements elements a rank
 /// (1 KB in 2-byte types, kMaxPackedVectors vectors), at TP 8 to 16, from
 /// kSourceMajorMinTokens tokens a launch. On one H200 (docs/results.md, session 14): virtual TP 8
-/// OLMoE 1.0-1.2 us faster at 4096 tokens (fp8 2.0) and 0.2 at 256, level at 1024-16384, 0.1 us
-/// slower at 1-64; virtual TP 16 at 4096 tokens 21-25 us faster for four models (OLMoE 56.6 ->
-/// 35.7 us), where a token's 16 token-major slots span two lines; at TP 2 and 4 short rows were
-/// level or 0.2 us slower.
+/// OLMoE 1.1 us faster at 4096 tokens (fp8 2.0) and 0.2 at 256 and 1024; virtual TP 16 at 4096
+/// tokens 24-27 us faster for four models (OLMoE 61.1 -> 35.6 us), where a token's 16
+/// token-major slots span two lines. Below 256 tokens it was 0.1 us slower, at TP 2 and 4 short
+/// rows were level or 0.2 us slower, and rows of a warp or more lost: hence the three bounds.
 constexpr int64_t kSourceMajorMaxRowElements = kMaxPackedVectors * 8;
 constexpr int kSourceMajorMinWorld = 8;
 constexpr int kSourceMajorMaxWorld = 16;

@@ -18,57 +18,63 @@ namespace {
 using detail::LaunchArgs;
 using KernelFn = void (*)(LaunchArgs);
 
-template <typename Tin, int VEC, int VPT, bool kLamport, bool kAlone>
+template <typename Tin, int VEC, int VPT, bool kLamport, bool kAlone,
+          SlotLayout kSlots = SlotLayout::kTokenMajor>
 KernelFn pick_order(NormOrder o) {
   return o == NormOrder::kOlmo2
-             ? detail::swiftqk_fused_kernel<Tin, VEC, VPT, true, kLamport, kAlone>
-             : detail::swiftqk_fused_kernel<Tin, VEC, VPT, false, kLamport, kAlone>;
+             ? detail::swiftqk_fused_kernel<Tin, VEC, VPT, true, kLamport, kAlone, kSlots>
+             : detail::swiftqk_fused_kernel<Tin, VEC, VPT, false, kLamport, kAlone, kSlots>;
 }
 
-// Alone (a group of one rank) both methods take the exchange-free instantiation.
+// Alone (a group of one rank) both methods take the exchange-free instantiation. Only the SwiftQK
+// exchange has a source-major instantiation (the slot order is a template parameter, so the
+// token-major kernel carries no runtime choice).
 template <typename Tin, int VEC, int VPT>
-KernelFn pick_method(Method m, NormOrder o, bool alone) {
+KernelFn pick_method(Method m, NormOrder o, bool alone, SlotLayout slots) {
   if (alone) {
     return m == Method::kMiniMaxFused ? pick_order<Tin, VEC, VPT, true, true>(o)
                                       : pick_order<Tin, VEC, VPT, false, true>(o);
   }
-  return m == Method::kMiniMaxFused ? pick_order<Tin, VEC, VPT, true, false>(o)
-                                    : pick_order<Tin, VEC, VPT, false, false>(o);
+  if (m == Method::kMiniMaxFused) return pick_order<Tin, VEC, VPT, true, false>(o);
+  return slots == SlotLayout::kSourceMajor
+             ? pick_order<Tin, VEC, VPT, false, false, SlotLayout::kSourceMajor>(o)
+             : pick_order<Tin, VEC, VPT, false, false>(o);
 }
 
 template <typename Tin, int VEC>
-KernelFn pick_vpt(int vpt, Method m, NormOrder o, bool alone) {
+KernelFn pick_vpt(int vpt, Method m, NormOrder o, bool alone, SlotLayout slots) {
   switch (vpt) {
     case 1:
-      return pick_method<Tin, VEC, 1>(m, o, alone);
+      return pick_method<Tin, VEC, 1>(m, o, alone, slots);
     case 2:
-      return pick_method<Tin, VEC, 2>(m, o, alone);
+      return pick_method<Tin, VEC, 2>(m, o, alone, slots);
     case 4:
-      return pick_method<Tin, VEC, 4>(m, o, alone);
+      return pick_method<Tin, VEC, 4>(m, o, alone, slots);
     case 8:
-      return pick_method<Tin, VEC, 8>(m, o, alone);
+      return pick_method<Tin, VEC, 8>(m, o, alone, slots);
     default:
-      return pick_method<Tin, VEC, 0>(m, o, alone);
+      return pick_method<Tin, VEC, 0>(m, o, alone, slots);
   }
 }
 
 template <typename Tin>
-KernelFn pick_vec(bool vector_path, int vpt, Method m, NormOrder o, bool alone) {
+KernelFn pick_vec(bool vector_path, int vpt, Method m, NormOrder o, bool alone, SlotLayout slots) {
   constexpr int kVec = 16 / sizeof(Tin);
-  if (vector_path) return pick_vpt<Tin, kVec>(vpt, m, o, alone);
-  return pick_method<Tin, 1, 0>(m, o, alone);  // the scalar path always streams
+  if (vector_path) return pick_vpt<Tin, kVec>(vpt, m, o, alone, slots);
+  return pick_method<Tin, 1, 0>(m, o, alone, slots);  // the scalar path always streams
 }
 
-KernelFn pick_kernel(DType t, bool vector_path, int vpt, Method m, NormOrder o, bool alone) {
+KernelFn pick_kernel(DType t, bool vector_path, int vpt, Method m, NormOrder o, bool alone,
+                     SlotLayout slots) {
   switch (t) {
     case DType::kF32:
-      return pick_vec<float>(vector_path, vpt, m, o, alone);
+      return pick_vec<float>(vector_path, vpt, m, o, alone, slots);
     case DType::kF16:
-      return pick_vec<__half>(vector_path, vpt, m, o, alone);
+      return pick_vec<__half>(vector_path, vpt, m, o, alone, slots);
     case DType::kBF16:
-      return pick_vec<__nv_bfloat16>(vector_path, vpt, m, o, alone);
+      return pick_vec<__nv_bfloat16>(vector_path, vpt, m, o, alone, slots);
     case DType::kF8E4M3:
-      return pick_vec<__nv_fp8_e4m3>(vector_path, vpt, m, o, alone);
+      return pick_vec<__nv_fp8_e4m3>(vector_path, vpt, m, o, alone, slots);
   }
   SWIFTQK_FAIL("unknown dtype");
 }
@@ -298,25 +304,31 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const int sms = sm_count(s0.device);
   // Every launch but the last covers per_launch tokens: the first one's count picks the depth.
   const int64_t launch_tokens = std::min(per_launch, p0.tokens);
-  // A layout with its pipeline, kernel, shared memory and residency.
+  // A layout with its pipeline, kernels (one per slot order), shared memory and residency.
   struct Layout {
     PipelineDepth depth;
     KernelShape shape;
-    KernelFn fn;
+    KernelFn fn[2];  // by SlotLayout
     std::size_t smem;
     int occ;
   };
   auto layout_of = [&](const PipelineDepth& depth, const KernelShape& shape) {
-    Layout l{depth, shape,
-             pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method, p0.order,
-                         world == 1),
-             0, 0};
+    auto pick = [&](SlotLayout slots) {
+      return pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method, p0.order,
+                         world == 1, slots);
+    };
+    Layout l{depth, shape, {pick(SlotLayout::kTokenMajor), pick(SlotLayout::kSourceMajor)}, 0, 0};
     if (shape.vectors_per_thread > 0) {
       l.smem = detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
                                          (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)),
                                          depth.stages);
     }
-    l.occ = max_blocks_per_sm(l.fn, shape.block_threads(), l.smem, s0.device);
+    // A chunk may take either order, so the grid must fit the residency of both (they are two
+    // instantiations of one kernel; asking also sets each one's shared-memory limit before use).
+    l.occ = max_blocks_per_sm(l.fn[0], shape.block_threads(), l.smem, s0.device);
+    if (l.fn[1] != l.fn[0]) {
+      l.occ = std::min(l.occ, max_blocks_per_sm(l.fn[1], shape.block_threads(), l.smem, s0.device));
+    }
     return l;
   };
   // Short rows go several to a warp when the GPU is full anyway (the unpacked grid of the first
@@ -350,7 +362,6 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const PipelineDepth depth = lay.depth;
   const int stages = depth.stages;
   const KernelShape& shape = lay.shape;
-  const KernelFn fn = lay.fn;
   const std::size_t smem = lay.smem;
   const int occ = lay.occ;
 
@@ -375,7 +386,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
   a.eps = p0.eps;
   a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
-  const bool pdl = p0.pdl && can_launch_pdl(fn, s0.device);
+  const bool pdl = p0.pdl && can_launch_pdl(lay.fn[0], s0.device);  // both orders: one build
 
   for (int64_t first = 0; first < p0.tokens; first += per_launch) {
     const int64_t chunk = std::min(per_launch, p0.tokens - first);
@@ -390,10 +401,10 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     // The slot order, like the hash, follows the chunk's token count: every rank derives it from
     // the hashed values alone (choose_slot_layout).
     const SlotLayout slots = choose_slot_layout(world, p0.q_full_width, p0.k_full_width, chunk);
-    a.slot_layout = static_cast<int>(slots);
     for (int i = 0; i < ranks; ++i)
       a.r[i] = detail::rank_args_for(comms[i]->state(), params[i], first);
-    launch_fused(fn, g.grid(), shape.block_threads(), smem, stream, a, pdl);
+    launch_fused(lay.fn[static_cast<int>(slots)], g.grid(), shape.block_threads(), smem, stream, a,
+                 pdl);
   }
   for (Communicator* c : comms) c->state().end_launch(stream, capturing);
 }

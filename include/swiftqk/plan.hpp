@@ -193,18 +193,16 @@ constexpr std::size_t slot_token_stride(int world, SlotLayout layout) {
   return (layout == SlotLayout::kTokenMajor ? static_cast<std::size_t>(world) : 1u) * kSlotBytes;
 }
 /// @brief Byte offset of the slot written by src_rank for token in bank, inside the reader's
-/// workspace; the kernel calls it too. Written as the token-major slot of (bank, token 0, src),
-/// source-major src * (capacity - 1) slots further, then the token's stride. Why this shape: with
-/// both strides selected up front (26ff664) the compiler waited for the call counter's load
-/// before issuing the first row copies, 0.2-0.35 us more at 1-64 tokens with peers on the H200;
-/// this one is within 0.05 us of the token-major-only kernel (docs/results.md, session 14).
+/// workspace; the kernel calls it too, with the layout a template parameter (one instantiation per
+/// order), so each order compiles to its own closed form and the token-major kernel is the one
+/// that existed before source-major slots (session 15; with the order a runtime value the
+/// token-major path was 0.02-0.08 us slower at one token on the H200, session 14).
 constexpr std::size_t slot_offset(int world, int64_t capacity, int bank, int64_t token,
                                   int src_rank, SlotLayout layout) {
-  const std::size_t token_major = static_cast<std::size_t>(bank) * capacity * world + src_rank;
-  const std::size_t skew =
-      layout == SlotLayout::kSourceMajor ? static_cast<std::size_t>(src_rank) * (capacity - 1) : 0;
-  return (token_major + skew) * kSlotBytes +
-         static_cast<std::size_t>(token) * slot_token_stride(world, layout);
+  return layout == SlotLayout::kTokenMajor
+             ? ((static_cast<std::size_t>(bank) * capacity + token) * world + src_rank) * kSlotBytes
+             : ((static_cast<std::size_t>(bank) * world + src_rank) * capacity + token) *
+                   kSlotBytes;
 }
 /// @brief Byte offset of the P2P probe words ([world] x 8 bytes) after the slots.
 constexpr std::size_t probe_offset(int world, int64_t capacity) {

@@ -62,7 +62,6 @@ struct LaunchArgs {
   int stages;                    // rows staged per group (kMinStages..kMaxStages), vector path
   int defer;                     // deferral depth with peers, at most stages - 1
   int order;                     // NormOrder
-  int slot_layout;               // SlotLayout of this launch (choose_slot_layout)
   int64_t tokens;                // rows in this launch (one chunk)
   int64_t q_width, k_width;      // local widths in elements
   int64_t capacity;              // token slots per bank

@@ -153,20 +153,25 @@ struct ExchangeLane {
   uint64_t* publish = nullptr;  // null for lanes sl >= world
   uint64_t* watch = nullptr;
 };
+constexpr int kSlotWords = static_cast<int>(kSlotBytes / sizeof(uint64_t));
 
+/// The slot order L is a template parameter (one instantiation per order), so the token-major
+/// kernel computes these as it did before the order existed.
+template <SlotLayout L>
 __device__ __forceinline__ std::size_t slot_base(const LaunchArgs& a, int bank, int src) {
-  return slot_offset(a.world, a.capacity, bank, 0, src, static_cast<SlotLayout>(a.slot_layout));
+  return slot_offset(a.world, a.capacity, bank, 0, src, L);
 }
+template <SlotLayout L>
 __device__ __forceinline__ int slot_token_words(const LaunchArgs& a) {
-  return static_cast<int>(slot_token_stride(a.world, static_cast<SlotLayout>(a.slot_layout)) /
-                          sizeof(uint64_t));
+  return (L == SlotLayout::kTokenMajor ? a.world : 1) * kSlotWords;
 }
+template <SlotLayout L>
 __device__ inline ExchangeLane exchange_lane(const LaunchArgs& a, const RankArgs& ra, int bank,
                                              int sl, uint8_t* peer_ws) {
   ExchangeLane e;
   if (sl < a.world) {
-    e.publish = reinterpret_cast<uint64_t*>(peer_ws + slot_base(a, bank, ra.rank));
-    e.watch = reinterpret_cast<uint64_t*>(ra.local_ws + slot_base(a, bank, sl));
+    e.publish = reinterpret_cast<uint64_t*>(peer_ws + slot_base<L>(a, bank, ra.rank));
+    e.watch = reinterpret_cast<uint64_t*>(ra.local_ws + slot_base<L>(a, bank, sl));
   }
   return e;
 }
@@ -240,6 +245,7 @@ __device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra,
 /// writes this bank again before this rank has published the next call, after this kernel (the
 /// reuse argument in docs/design.md). All G lanes share the stores. Twice per kScrubPeriod calls,
 /// so written for brevity, not speed.
+template <SlotLayout L>
 __device__ inline void scrub_own_slots(const LaunchArgs& a, const RankArgs& ra, int bank,
                                        int first_token, int step, int gt, int G) {
   const int64_t tokens =
@@ -248,9 +254,10 @@ __device__ inline void scrub_own_slots(const LaunchArgs& a, const RankArgs& ra, 
   for (int64_t i = gt; i < slots; i += G) {
     const int64_t k = i / a.world;
     const int src = static_cast<int>(i - k * a.world);
-    store_slot_sys(reinterpret_cast<uint64_t*>(ra.local_ws + slot_base(a, bank, src)) +
-                       (first_token + k * step) * slot_token_words(a),
-                   0ull, 0ull);
+    store_slot_sys(
+        reinterpret_cast<uint64_t*>(
+            ra.local_ws + slot_offset(a.world, a.capacity, bank, first_token + k * step, src, L)),
+        0ull, 0ull);
   }
 }
 
@@ -327,9 +334,12 @@ __device__ __forceinline__ float inv_rms(float sum_sq, float inv_full, float eps
 /// deferral) on the same data path, so a comparison isolates the exchange.
 /// kAlone (a group of one rank, TP 1) compiles the exchange out: fewer registers, so more blocks
 /// fit an SM where registers are the limit.
-/// Token and vector indices are 32-bit (the host splits launches at kMaxLaunchTokens): the
-/// kernel is short of issue slots, and 64-bit index arithmetic was a third of its instructions.
-template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport, bool kAlone>
+/// kSlotOrder is the exchange's slot order (choose_slot_layout); only the SwiftQK exchange with
+/// peers is instantiated source-major. Token and vector indices are 32-bit (the host splits
+/// launches at kMaxLaunchTokens): the kernel is short of issue slots, and 64-bit index arithmetic
+/// was a third of its instructions.
+template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport, bool kAlone,
+          SlotLayout kSlotOrder = SlotLayout::kTokenMajor>
 __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
     swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -386,7 +396,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   const int bank = bank_for_call(call);
   const int step = a.blocks_per_rank * a.tokens_per_block;
   uint8_t* const peer_ws = !kAlone && !kLamport && sl < a.world ? ra.peers[sl] : nullptr;
-  const int token_words = slot_token_words(a);
+  const int token_words = slot_token_words<kSlotOrder>(a);
   int world_pow2 = 1;
   while (world_pow2 < a.world) world_pow2 <<= 1;
   const int first = lblock * a.tokens_per_block;
@@ -479,7 +489,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   if constexpr (VPT > 0) cp_async_wait_pending(ahead);
   __syncthreads();  // the weights, and s_abort, before any group reads them
   const ExchangeLane xl =
-      kAlone || kLamport ? ExchangeLane{} : exchange_lane(a, ra, bank, sl, peer_ws);
+      kAlone || kLamport ? ExchangeLane{} : exchange_lane<kSlotOrder>(a, ra, bank, sl, peer_ws);
   const OutVec* const my_weight = s_weight + gt;
 
   // The stage of the reduced token (cur), of the written one (wstage) and of the next load.
@@ -620,7 +630,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   }
   if constexpr (VPT > 0) cp_async_wait<0>();  // no copy may land after the block exits
   if constexpr (!kAlone && !kLamport) {
-    if (is_scrub_call(call)) scrub_own_slots(a, ra, bank, first + g, step, gt, G);
+    if (is_scrub_call(call)) scrub_own_slots<kSlotOrder>(a, ra, bank, first + g, step, gt, G);
   }
 
   // With peers, the last block of this rank to finish advances the rank's call counter

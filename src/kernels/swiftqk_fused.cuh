@@ -144,8 +144,9 @@ __device__ __forceinline__ void write_output(const RankArgs& ra, int64_t t, int6
 
 /// Lane sl's slots of this call's bank at token 0: the one it publishes into (this rank's slot
 /// in rank sl's workspace) and the one it watches (rank sl's slot in this rank's workspace).
-/// Token t's are t * slot_token_words words further (slot_offset and slot_token_stride, shared
-/// with the host and CPU-tested). Computed once per block: per token only one multiply.
+/// Token t's are t * slot_token_words words further (plan.hpp's slot_token_stride in 8-byte
+/// words, which is CPU-tested against slot_offset). Computed once per block: per token only one
+/// multiply.
 /// peer_ws is rank sl's workspace (ra.peers[sl], loaded by the caller well before: computing
 /// this right after that load and the call counter's put both round trips before the first
 /// row load, 0.2-0.3 us at 64 tokens).

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "comm_state.hpp"
+#include "kernel_table.hpp"
 #include "kernels/swiftqk_fused.cuh"
 #include "swiftqk/communicator.hpp"
 #include "swiftqk/cuda_check.hpp"
@@ -15,69 +16,8 @@ namespace swiftqk {
 
 namespace {
 
+using detail::KernelFn;
 using detail::LaunchArgs;
-using KernelFn = void (*)(LaunchArgs);
-
-template <typename Tin, int VEC, int VPT, bool kLamport, bool kAlone,
-          SlotLayout kSlots = SlotLayout::kTokenMajor>
-KernelFn pick_order(NormOrder o) {
-  return o == NormOrder::kOlmo2
-             ? detail::swiftqk_fused_kernel<Tin, VEC, VPT, true, kLamport, kAlone, kSlots>
-             : detail::swiftqk_fused_kernel<Tin, VEC, VPT, false, kLamport, kAlone, kSlots>;
-}
-
-// Alone (a group of one rank) both methods take the exchange-free instantiation. Only the SwiftQK
-// exchange has a source-major instantiation (the slot order is a template parameter, so the
-// token-major kernel carries no runtime choice).
-template <typename Tin, int VEC, int VPT>
-KernelFn pick_method(Method m, NormOrder o, bool alone, SlotLayout slots) {
-  if (alone) {
-    return m == Method::kMiniMaxFused ? pick_order<Tin, VEC, VPT, true, true>(o)
-                                      : pick_order<Tin, VEC, VPT, false, true>(o);
-  }
-  if (m == Method::kMiniMaxFused) return pick_order<Tin, VEC, VPT, true, false>(o);
-  return slots == SlotLayout::kSourceMajor
-             ? pick_order<Tin, VEC, VPT, false, false, SlotLayout::kSourceMajor>(o)
-             : pick_order<Tin, VEC, VPT, false, false>(o);
-}
-
-template <typename Tin, int VEC>
-KernelFn pick_vpt(int vpt, Method m, NormOrder o, bool alone, SlotLayout slots) {
-  switch (vpt) {
-    case 1:
-      return pick_method<Tin, VEC, 1>(m, o, alone, slots);
-    case 2:
-      return pick_method<Tin, VEC, 2>(m, o, alone, slots);
-    case 4:
-      return pick_method<Tin, VEC, 4>(m, o, alone, slots);
-    case 8:
-      return pick_method<Tin, VEC, 8>(m, o, alone, slots);
-    default:
-      return pick_method<Tin, VEC, 0>(m, o, alone, slots);
-  }
-}
-
-template <typename Tin>
-KernelFn pick_vec(bool vector_path, int vpt, Method m, NormOrder o, bool alone, SlotLayout slots) {
-  constexpr int kVec = 16 / sizeof(Tin);
-  if (vector_path) return pick_vpt<Tin, kVec>(vpt, m, o, alone, slots);
-  return pick_method<Tin, 1, 0>(m, o, alone, slots);  // the scalar path always streams
-}
-
-KernelFn pick_kernel(DType t, bool vector_path, int vpt, Method m, NormOrder o, bool alone,
-                     SlotLayout slots) {
-  switch (t) {
-    case DType::kF32:
-      return pick_vec<float>(vector_path, vpt, m, o, alone, slots);
-    case DType::kF16:
-      return pick_vec<__half>(vector_path, vpt, m, o, alone, slots);
-    case DType::kBF16:
-      return pick_vec<__nv_bfloat16>(vector_path, vpt, m, o, alone, slots);
-    case DType::kF8E4M3:
-      return pick_vec<__nv_fp8_e4m3>(vector_path, vpt, m, o, alone, slots);
-  }
-  SWIFTQK_FAIL("unknown dtype");
-}
 
 // A device attribute, asked once per attribute and device (launches are on the hot path).
 int device_attribute(cudaDeviceAttr what, int device) {
@@ -167,6 +107,14 @@ int forced_vectors_per_thread() {
     return v;
   }();
   return forced;
+}
+
+// The block order of a launch (choose_block_order); SWIFTQK_BLOCK_ORDER forces it for tuning
+// runs: 1 rank-major, 2 interleaved.
+BlockOrder block_order(int ranks, int64_t tokens) {
+  static const int forced = tuning_override("SWIFTQK_BLOCK_ORDER", 1, 2, "a block order");
+  if (forced != 0) return forced == 1 ? BlockOrder::kRankMajor : BlockOrder::kInterleaved;
+  return choose_block_order(ranks, tokens);
 }
 
 // Threads per block the shape aims at; SWIFTQK_BLOCK_THREADS overrides it, for tuning runs.
@@ -304,30 +252,48 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const int sms = sm_count(s0.device);
   // Every launch but the last covers per_launch tokens: the first one's count picks the depth.
   const int64_t launch_tokens = std::min(per_launch, p0.tokens);
-  // A layout with its pipeline, kernels (one per slot order), shared memory and residency.
+  // A layout with its pipeline, kernels (one per slot order and block order: a launch picks
+  // them per chunk), shared memory and residency.
   struct Layout {
     PipelineDepth depth;
     KernelShape shape;
-    KernelFn fn[2];  // by SlotLayout
+    KernelFn fn[2][2];  // [SlotLayout][BlockOrder]
     std::size_t smem;
     int occ;
   };
   auto layout_of = [&](const PipelineDepth& depth, const KernelShape& shape) {
-    auto pick = [&](SlotLayout slots) {
-      return pick_kernel(p0.in_dtype, vector_path, shape.vectors_per_thread, p0.method, p0.order,
-                         world == 1, slots);
-    };
-    Layout l{depth, shape, {pick(SlotLayout::kTokenMajor), pick(SlotLayout::kSourceMajor)}, 0, 0};
+    Layout l{depth, shape, {}, 0, 0};
+    // One rank per launch (TP 1, or one process per GPU) has one block order.
+    const int block_orders = ranks > 1 ? 2 : 1;
+    for (int so = 0; so < 2; ++so) {
+      l.fn[so][1] = nullptr;
+      for (int bo = 0; bo < block_orders; ++bo) {
+        detail::KernelKey key;
+        key.vector_path = vector_path;
+        key.vpt = shape.vectors_per_thread;
+        key.method = p0.method;
+        key.order = p0.order;
+        key.alone = world == 1;
+        key.slots = static_cast<SlotLayout>(so);
+        key.blocks = static_cast<BlockOrder>(bo);
+        l.fn[so][bo] = detail::pick_kernel(p0.in_dtype, key);
+        SWIFTQK_EXPECTS(l.fn[so][bo] != nullptr, "launch: unknown dtype");
+      }
+    }
     if (shape.vectors_per_thread > 0) {
       l.smem = detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
                                          (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)),
                                          depth.stages);
     }
-    // A chunk may take either order, so the grid must fit the residency of both (they are two
-    // instantiations of one kernel; asking also sets each one's shared-memory limit before use).
-    l.occ = max_blocks_per_sm(l.fn[0], shape.block_threads(), l.smem, s0.device);
-    if (l.fn[1] != l.fn[0]) {
-      l.occ = std::min(l.occ, max_blocks_per_sm(l.fn[1], shape.block_threads(), l.smem, s0.device));
+    // A chunk may take any of them, so the grid must fit the residency of each (instantiations
+    // of one kernel; asking also sets each one's shared-memory limit before its first launch).
+    l.occ = max_blocks_per_sm(l.fn[0][0], shape.block_threads(), l.smem, s0.device);
+    for (const auto& by_slots : l.fn) {
+      for (KernelFn f : by_slots) {
+        if (f != nullptr && f != l.fn[0][0]) {
+          l.occ = std::min(l.occ, max_blocks_per_sm(f, shape.block_threads(), l.smem, s0.device));
+        }
+      }
     }
     return l;
   };
@@ -386,7 +352,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
   a.eps = p0.eps;
   a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
-  const bool pdl = p0.pdl && can_launch_pdl(lay.fn[0], s0.device);  // both orders: one build
+  const bool pdl = p0.pdl && can_launch_pdl(lay.fn[0][0], s0.device);  // all of them: one build
 
   for (int64_t first = 0; first < p0.tokens; first += per_launch) {
     const int64_t chunk = std::min(per_launch, p0.tokens - first);
@@ -401,10 +367,12 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     // The slot order, like the hash, follows the chunk's token count: every rank derives it from
     // the hashed values alone (choose_slot_layout).
     const SlotLayout slots = choose_slot_layout(world, p0.q_full_width, p0.k_full_width, chunk);
+    // Virtual ranks' blocks interleave from kInterleaveMinTokens tokens (choose_block_order).
+    const BlockOrder blocks = ranks > 1 ? block_order(ranks, chunk) : BlockOrder::kRankMajor;
     for (int i = 0; i < ranks; ++i)
       a.r[i] = detail::rank_args_for(comms[i]->state(), params[i], first);
-    launch_fused(lay.fn[static_cast<int>(slots)], g.grid(), shape.block_threads(), smem, stream, a,
-                 pdl);
+    launch_fused(lay.fn[static_cast<int>(slots)][static_cast<int>(blocks)], g.grid(),
+                 shape.block_threads(), smem, stream, a, pdl);
   }
   for (Communicator* c : comms) c->state().end_launch(stream, capturing);
 }

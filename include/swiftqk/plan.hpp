@@ -121,9 +121,42 @@ KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
 /// @brief The persistent grid of one launch.
 struct GridPlan {
   int ranks = 1;            ///< ranks served by this launch (virtual ranks share one launch)
-  int blocks_per_rank = 0;  ///< each rank's blocks are contiguous in blockIdx.x
+  int blocks_per_rank = 0;  ///< blocks serving each rank (their order: BlockOrder)
   int grid() const { return ranks * blocks_per_rank; }
 };
+
+/// @brief How a launch that serves several (virtual) ranks assigns its blocks to them. Blocks
+/// start in index order, so with the ranks' blocks contiguous (kRankMajor) the last rank's start
+/// last, and every group of the first ranks waits for its late peers at every collect; with the
+/// ranks interleaved (kInterleaved: block b serves rank b mod ranks) the peer blocks of the same
+/// tokens start together, as they would on separate GPUs. One rank per launch (one process per
+/// GPU): both orders are the same.
+enum class BlockOrder : int { kRankMajor = 0, kInterleaved = 1 };
+
+/// Tokens per launch from which virtual ranks' blocks are interleaved (choose_block_order).
+constexpr int64_t kInterleaveMinTokens = 2048;
+
+/// @brief The block order of a launch: interleaved from kInterleaveMinTokens tokens a launch
+/// when it serves more than one rank. On one H200 (virtual TP 2-8, docs/results.md, session 15)
+/// interleaving was 0.3-2.6 us faster at 4096 tokens for every model but OLMoE at TP 8 (0.4
+/// slower), up to 20 us at 16384 and up to 1 us at 2048; at 1024 tokens OLMoE at TP 8 lost 1.1 us.
+constexpr BlockOrder choose_block_order(int ranks, int64_t tokens) {
+  return ranks > 1 && tokens >= kInterleaveMinTokens ? BlockOrder::kInterleaved
+                                                     : BlockOrder::kRankMajor;
+}
+
+/// @brief Which rank, and which of that rank's blocks, block b of a launch serves (one division:
+/// the kernel calls it too).
+struct BlockRole {
+  int rank;
+  int block;  ///< 0 .. blocks_per_rank - 1
+};
+constexpr BlockRole block_role(int b, int ranks, int blocks_per_rank, BlockOrder order) {
+  const int div = order == BlockOrder::kRankMajor ? blocks_per_rank : ranks;
+  const int q = b / div;
+  const int r = b - q * div;
+  return order == BlockOrder::kRankMajor ? BlockRole{q, r} : BlockRole{r, q};
+}
 
 /// @brief Blocks resident at once: max_blocks_per_sm on each of min(sm_count, sm_budget) SMs
 /// (sm_budget 0 = all).

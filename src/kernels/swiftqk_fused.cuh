@@ -336,11 +336,13 @@ __device__ __forceinline__ float inv_rms(float sum_sq, float inv_full, float eps
 /// kAlone (a group of one rank, TP 1) compiles the exchange out: fewer registers, so more blocks
 /// fit an SM where registers are the limit.
 /// kSlotOrder is the exchange's slot order (choose_slot_layout); only the SwiftQK exchange with
-/// peers is instantiated source-major. Token and vector indices are 32-bit (the host splits
-/// launches at kMaxLaunchTokens): the kernel is short of issue slots, and 64-bit index arithmetic
-/// was a third of its instructions.
+/// peers is instantiated source-major. kBlockOrder maps blocks to the launch's ranks
+/// (choose_block_order); only kernels with peers are instantiated interleaved.
+/// Token and vector indices are 32-bit (the host splits launches at kMaxLaunchTokens): the
+/// kernel is short of issue slots, and 64-bit index arithmetic was a third of its instructions.
 template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport, bool kAlone,
-          SlotLayout kSlotOrder = SlotLayout::kTokenMajor>
+          SlotLayout kSlotOrder = SlotLayout::kTokenMajor,
+          BlockOrder kBlockOrder = BlockOrder::kRankMajor>
 __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
     swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -367,8 +369,19 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   __shared__ float2 s_rstd[32];  // per group: (q, k) 1/rms times the input scale
   __shared__ int s_abort[32];    // per group: a wait failed, stop
 
-  const int slot_rank = blockIdx.x / a.blocks_per_rank;
-  const int lblock = blockIdx.x - slot_rank * a.blocks_per_rank;
+  // Which rank and which of its blocks this block is (block_role, CPU-tested; the rank-major
+  // case is written out so that its kernels keep the code they had before the order existed).
+  int slot_rank, lblock;
+  if constexpr (kBlockOrder == BlockOrder::kRankMajor) {
+    slot_rank = blockIdx.x / a.blocks_per_rank;
+    lblock = blockIdx.x - slot_rank * a.blocks_per_rank;
+  } else {
+    const BlockRole role =
+        block_role(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x) / a.blocks_per_rank,
+                   a.blocks_per_rank, kBlockOrder);
+    slot_rank = role.rank;
+    lblock = role.block;
+  }
   const RankArgs& ra = a.r[slot_rank];
   const int G = a.group_threads;
   const int g = threadIdx.x / G;

@@ -494,6 +494,41 @@ static_assert(lamport_offset(2, 4) == probe_offset(2, 4) + 16, "8 probe bytes pe
 static_assert(workspace_bytes(2, 4) == lamport_offset(2, 4) + 3 * 4 * 2 * 16,
               "three Lamport buffers last");
 
+// Every block of a launch serves exactly one (rank, block) pair and every pair has one block, in
+// both orders; interleaved, consecutive blocks serve consecutive ranks.
+TEST(BlockOrder, EveryRankBlockPairOnceInBothOrders) {
+  for (int ranks : {1, 2, 3, 8, 16}) {
+    for (int bpr : {1, 5, 64, 264}) {
+      for (BlockOrder order : {BlockOrder::kRankMajor, BlockOrder::kInterleaved}) {
+        std::vector<int> seen(static_cast<std::size_t>(ranks) * bpr, 0);
+        for (int b = 0; b < ranks * bpr; ++b) {
+          const BlockRole r = block_role(b, ranks, bpr, order);
+          ASSERT_GE(r.rank, 0);
+          ASSERT_LT(r.rank, ranks);
+          ASSERT_GE(r.block, 0);
+          ASSERT_LT(r.block, bpr);
+          ++seen[static_cast<std::size_t>(r.rank) * bpr + r.block];
+          if (order == BlockOrder::kInterleaved) {
+            ASSERT_EQ(r.rank, b % ranks);
+          } else {
+            ASSERT_EQ(r.rank, b / bpr);
+          }
+        }
+        for (int v : seen) ASSERT_EQ(v, 1) << ranks << " ranks, " << bpr << " blocks each";
+      }
+    }
+  }
+}
+
+TEST(BlockOrder, InterleavedFrom2048TokensWithSeveralRanks) {
+  EXPECT_EQ(choose_block_order(2, kInterleaveMinTokens), BlockOrder::kInterleaved);
+  EXPECT_EQ(choose_block_order(8, 16384), BlockOrder::kInterleaved);
+  EXPECT_EQ(choose_block_order(2, kInterleaveMinTokens - 1), BlockOrder::kRankMajor);
+  EXPECT_EQ(choose_block_order(8, 64), BlockOrder::kRankMajor);
+  // One rank per launch (TP 1, or one process per GPU): nothing to interleave.
+  EXPECT_EQ(choose_block_order(1, 16384), BlockOrder::kRankMajor);
+}
+
 TEST(SlotLayout, InjectiveContiguousAndInsideTheWorkspace) {
   for (const SlotLayout layout : {kTM, kSM}) {
     for (int world : {1, 2, 3, 4, 8}) {

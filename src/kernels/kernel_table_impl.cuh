@@ -1,0 +1,63 @@
+// The instantiation table of swiftqk_fused_kernel for one input dtype (included by
+// kernel_table_<dtype>.cu only).
+#pragma once
+
+#include "kernel_table.hpp"
+#include "kernels/swiftqk_fused.cuh"
+
+namespace swiftqk::detail {
+
+template <typename Tin, int VEC, int VPT, bool kLamport, bool kAlone, SlotLayout kSlots,
+          BlockOrder kBlocks>
+KernelFn pick_norm_order(NormOrder o) {
+  return o == NormOrder::kOlmo2
+             ? swiftqk_fused_kernel<Tin, VEC, VPT, true, kLamport, kAlone, kSlots, kBlocks>
+             : swiftqk_fused_kernel<Tin, VEC, VPT, false, kLamport, kAlone, kSlots, kBlocks>;
+}
+
+template <typename Tin, int VEC, int VPT, bool kLamport, SlotLayout kSlots>
+KernelFn pick_block_order(const KernelKey& k) {
+  return k.blocks == BlockOrder::kInterleaved
+             ? pick_norm_order<Tin, VEC, VPT, kLamport, false, kSlots, BlockOrder::kInterleaved>(
+                   k.order)
+             : pick_norm_order<Tin, VEC, VPT, kLamport, false, kSlots, BlockOrder::kRankMajor>(
+                   k.order);
+}
+
+// Alone (a group of one rank) both methods take the exchange-free instantiation, whose one rank
+// makes both block orders the same. With peers, only the SwiftQK exchange has source-major slots;
+// both methods have both block orders (so a virtual-rank comparison of the two is like for like).
+// The orders are template parameters, so the default ones carry no runtime choice.
+template <typename Tin, int VEC, int VPT>
+KernelFn pick_method(const KernelKey& k) {
+  constexpr SlotLayout kTM = SlotLayout::kTokenMajor;
+  if (k.alone) {
+    return k.method == Method::kMiniMaxFused
+               ? pick_norm_order<Tin, VEC, VPT, true, true, kTM, BlockOrder::kRankMajor>(k.order)
+               : pick_norm_order<Tin, VEC, VPT, false, true, kTM, BlockOrder::kRankMajor>(k.order);
+  }
+  if (k.method == Method::kMiniMaxFused) return pick_block_order<Tin, VEC, VPT, true, kTM>(k);
+  return k.slots == SlotLayout::kSourceMajor
+             ? pick_block_order<Tin, VEC, VPT, false, SlotLayout::kSourceMajor>(k)
+             : pick_block_order<Tin, VEC, VPT, false, kTM>(k);
+}
+
+template <typename Tin>
+KernelFn pick_vec(const KernelKey& k) {
+  constexpr int kVec = 16 / sizeof(Tin);
+  if (!k.vector_path) return pick_method<Tin, 1, 0>(k);  // the scalar path always streams
+  switch (k.vpt) {
+    case 1:
+      return pick_method<Tin, kVec, 1>(k);
+    case 2:
+      return pick_method<Tin, kVec, 2>(k);
+    case 4:
+      return pick_method<Tin, kVec, 4>(k);
+    case 8:
+      return pick_method<Tin, kVec, 8>(k);
+    default:
+      return pick_method<Tin, kVec, 0>(k);
+  }
+}
+
+}  // namespace swiftqk::detail

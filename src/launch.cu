@@ -252,48 +252,59 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const int sms = sm_count(s0.device);
   // Every launch but the last covers per_launch tokens: the first one's count picks the depth.
   const int64_t launch_tokens = std::min(per_launch, p0.tokens);
-  // A layout with its pipeline, kernels (one per slot order and block order: a launch picks
-  // them per chunk), shared memory and residency.
+  // A chunk's slot order and block order. The slot order, like the hash, follows the chunk's
+  // token count: every rank derives it from the hashed values alone (choose_slot_layout).
+  // Virtual ranks' blocks interleave from kInterleaveMinTokens tokens (choose_block_order).
+  struct Orders {
+    SlotLayout slots;
+    BlockOrder blocks;
+  };
+  auto orders_of = [&](int64_t chunk) {
+    return Orders{choose_slot_layout(world, p0.q_full_width, p0.k_full_width, chunk),
+                  ranks > 1 ? block_order(ranks, chunk) : BlockOrder::kRankMajor};
+  };
+  // The chunks are launch_tokens long but the last, so at most two pairs of orders occur.
+  const int64_t last_chunk = p0.tokens - (p0.tokens - 1) / per_launch * per_launch;
+  const Orders used[2] = {orders_of(launch_tokens), orders_of(last_chunk)};
+  // A layout with its pipeline, kernels (one per pair of orders the chunks use, picked per
+  // chunk), shared memory and residency.
   struct Layout {
     PipelineDepth depth;
     KernelShape shape;
-    KernelFn fn[2][2];  // [SlotLayout][BlockOrder]
+    KernelFn fn[2][2];  // [SlotLayout][BlockOrder], those of `used`
     std::size_t smem;
     int occ;
+    KernelFn& of(const Orders& o) {
+      return fn[static_cast<int>(o.slots)][static_cast<int>(o.blocks)];
+    }
   };
   auto layout_of = [&](const PipelineDepth& depth, const KernelShape& shape) {
     Layout l{depth, shape, {}, 0, 0};
-    // One rank per launch (TP 1, or one process per GPU) has one block order.
-    const int block_orders = ranks > 1 ? 2 : 1;
-    for (int so = 0; so < 2; ++so) {
-      l.fn[so][1] = nullptr;
-      for (int bo = 0; bo < block_orders; ++bo) {
-        detail::KernelKey key;
-        key.vector_path = vector_path;
-        key.vpt = shape.vectors_per_thread;
-        key.method = p0.method;
-        key.order = p0.order;
-        key.alone = world == 1;
-        key.slots = static_cast<SlotLayout>(so);
-        key.blocks = static_cast<BlockOrder>(bo);
-        l.fn[so][bo] = detail::pick_kernel(p0.in_dtype, key);
-        SWIFTQK_EXPECTS(l.fn[so][bo] != nullptr, "launch: unknown dtype");
-      }
+    for (const Orders& o : used) {
+      detail::KernelKey key;
+      key.vector_path = vector_path;
+      key.vpt = shape.vectors_per_thread;
+      key.method = p0.method;
+      key.order = p0.order;
+      key.alone = world == 1;
+      key.slots = o.slots;
+      key.blocks = o.blocks;
+      KernelFn& f = l.of(o);
+      f = detail::pick_kernel(p0.in_dtype, key);
+      SWIFTQK_EXPECTS(f != nullptr, "launch: unknown dtype");
     }
     if (shape.vectors_per_thread > 0) {
       l.smem = detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
                                          (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)),
                                          depth.stages);
     }
-    // A chunk may take any of them, so the grid must fit the residency of each (instantiations
-    // of one kernel; asking also sets each one's shared-memory limit before its first launch).
-    l.occ = max_blocks_per_sm(l.fn[0][0], shape.block_threads(), l.smem, s0.device);
-    for (const auto& by_slots : l.fn) {
-      for (KernelFn f : by_slots) {
-        if (f != nullptr && f != l.fn[0][0]) {
-          l.occ = std::min(l.occ, max_blocks_per_sm(f, shape.block_threads(), l.smem, s0.device));
-        }
-      }
+    // The grid must fit the residency of each kernel the chunks take (instantiations of one
+    // kernel; asking also sets each one's shared-memory limit before its first launch). Usually
+    // there is one: the occupancy cache is asked once per layout, as before the orders existed.
+    l.occ = max_blocks_per_sm(l.of(used[0]), shape.block_threads(), l.smem, s0.device);
+    if (l.of(used[1]) != l.of(used[0])) {
+      l.occ = std::min(l.occ,
+                       max_blocks_per_sm(l.of(used[1]), shape.block_threads(), l.smem, s0.device));
     }
     return l;
   };
@@ -352,7 +363,8 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
   a.eps = p0.eps;
   a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
-  const bool pdl = p0.pdl && can_launch_pdl(lay.fn[0][0], s0.device);  // all of them: one build
+  // Every instantiation comes from one build: one of them answers for all.
+  const bool pdl = p0.pdl && can_launch_pdl(lay.of(used[0]), s0.device);
 
   for (int64_t first = 0; first < p0.tokens; first += per_launch) {
     const int64_t chunk = std::min(per_launch, p0.tokens - first);
@@ -364,15 +376,9 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     a.config_hash = config_hash(p0.q_full_width, p0.k_full_width, world, p0.eps,
                                 static_cast<int>(p0.order), chunk);
     a.blocks_per_rank = g.blocks_per_rank;
-    // The slot order, like the hash, follows the chunk's token count: every rank derives it from
-    // the hashed values alone (choose_slot_layout).
-    const SlotLayout slots = choose_slot_layout(world, p0.q_full_width, p0.k_full_width, chunk);
-    // Virtual ranks' blocks interleave from kInterleaveMinTokens tokens (choose_block_order).
-    const BlockOrder blocks = ranks > 1 ? block_order(ranks, chunk) : BlockOrder::kRankMajor;
     for (int i = 0; i < ranks; ++i)
       a.r[i] = detail::rank_args_for(comms[i]->state(), params[i], first);
-    launch_fused(lay.fn[static_cast<int>(slots)][static_cast<int>(blocks)], g.grid(),
-                 shape.block_threads(), smem, stream, a, pdl);
+    launch_fused(lay.of(orders_of(chunk)), g.grid(), shape.block_threads(), smem, stream, a, pdl);
   }
   for (Communicator* c : comms) c->state().end_launch(stream, capturing);
 }

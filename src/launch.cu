@@ -110,10 +110,12 @@ int forced_vectors_per_thread() {
 }
 
 // The block order of a launch (choose_block_order); SWIFTQK_BLOCK_ORDER forces it for tuning
-// runs: 1 rank-major, 2 interleaved.
+// runs (1 rank-major, 2 interleaved) when the launch serves several ranks: one rank has one order.
 BlockOrder block_order(int ranks, int64_t tokens) {
   static const int forced = tuning_override("SWIFTQK_BLOCK_ORDER", 1, 2, "a block order");
-  if (forced != 0) return forced == 1 ? BlockOrder::kRankMajor : BlockOrder::kInterleaved;
+  if (forced != 0 && ranks > 1) {
+    return forced == 1 ? BlockOrder::kRankMajor : BlockOrder::kInterleaved;
+  }
   return choose_block_order(ranks, tokens);
 }
 
@@ -261,7 +263,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   };
   auto orders_of = [&](int64_t chunk) {
     return Orders{choose_slot_layout(world, p0.q_full_width, p0.k_full_width, chunk),
-                  ranks > 1 ? block_order(ranks, chunk) : BlockOrder::kRankMajor};
+                  block_order(ranks, chunk)};
   };
   // The chunks are launch_tokens long but the last, so at most two pairs of orders occur.
   const int64_t last_chunk = p0.tokens - (p0.tokens - 1) / per_launch * per_launch;

@@ -327,11 +327,16 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     return lay;
   };
   const PipelineDepth forced = forced_pipeline_depth();
-  Layout lay = layout_for(choose_pipeline_depth(world, forced.stages, forced.defer));
-  // Few tokens at TP >= 8: a shallower ring that fits more groups on the GPU can be worth more
-  // than the row loading ahead (docs/design.md, "Launch shape").
+  const bool tuning = forced.stages != 0 || forced.defer != 0;
+  // Up to kFewTokensMax tokens at TP 4-8, 3 stages with D = 1 (docs/design.md, "Launch shape").
+  const PipelineDepth few =
+      tuning ? PipelineDepth{0, 0} : few_token_pipeline_depth(world, launch_tokens);
+  Layout lay =
+      layout_for(few.stages != 0 ? few : choose_pipeline_depth(world, forced.stages, forced.defer));
+  // Otherwise, few tokens at TP >= 8: a shallower ring that fits more groups on the GPU can be
+  // worth more than the row loading ahead (docs/design.md, "Launch shape").
   const PipelineDepth shallow = shallow_pipeline_depth(world, launch_tokens);
-  if (forced.stages == 0 && forced.defer == 0 && shallow.stages != 0) {
+  if (!tuning && few.stages == 0 && shallow.stages != 0) {
     const Layout s = layout_for(shallow);
     auto resident_groups = [&](const Layout& l) {
       return resident_blocks(l.occ, sms, s0.config.sm_budget) * l.shape.tokens_per_block;

@@ -128,6 +128,13 @@ PipelineDepth shallow_pipeline_depth(int world, int64_t tokens) {
   return PipelineDepth{3, 2};
 }
 
+PipelineDepth few_token_pipeline_depth(int world, int64_t tokens) {
+  SWIFTQK_EXPECTS(world >= 1 && tokens >= 0,
+                  "few_token_pipeline_depth: world must be >= 1 and tokens >= 0");
+  if (world < 4 || world > kFewTokensMaxWorld || tokens > kFewTokensMax) return PipelineDepth{0, 0};
+  return PipelineDepth{3, 1};
+}
+
 bool take_shallow_pipeline(int64_t tokens, int64_t default_groups, int64_t shallow_groups) {
   SWIFTQK_EXPECTS(tokens >= 0 && default_groups >= 0 && shallow_groups >= 0,
                   "take_shallow_pipeline: tokens and groups must be >= 0");

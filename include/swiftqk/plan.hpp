@@ -51,8 +51,26 @@ PipelineDepth choose_pipeline_depth(int world, int forced_stages = 0, int forced
 
 /// @brief The shallower pipeline a launch of `tokens` tokens may take instead of
 /// choose_pipeline_depth's: at TP 8 and more, up to kShallowMaxTokens, 3 stages and D = 2, or
-/// {0, 0} when none applies. take_shallow_pipeline decides.
+/// {0, 0} when none applies. take_shallow_pipeline decides. Where few_token_pipeline_depth
+/// applies (TP 8 up to kFewTokensMax tokens) the launch takes that one instead.
 PipelineDepth shallow_pipeline_depth(int world, int64_t tokens);
+
+/// Tokens per launch up to which TP 4 to kFewTokensMaxWorld run 3 stages with D = 1
+/// (few_token_pipeline_depth), in place of choose_pipeline_depth's and the shallow pipeline.
+constexpr int64_t kFewTokensMax = 2048;
+constexpr int kFewTokensMaxWorld = 8;
+
+/// @brief The pipeline a launch of `tokens` tokens takes at 4 <= world <= kFewTokensMaxWorld up
+/// to kFewTokensMax tokens: 3 stages and D = 1 (one row loading ahead, one deferred), as at TP 2;
+/// {0, 0} when none applies. With a few tokens per group a deep deferral is mostly the ring's fill
+/// and drain, and the smaller ring fits more groups where registers do not cap them. On the H200
+/// with virtual ranks, against 8d8167c in two passes (docs/results.md, session 17): TP 4 at
+/// 512-2048 tokens 0.3-2.2 us faster for every model but OLMoE at 1536 tokens (1.2 us slower)
+/// and OLMoE and OLMo3-32B at 512 (level); TP 8 OLMo2-13B 0.3-1.7 us and OLMo3-32B at 1536-2048
+/// 0.3-0.9 faster, the others within 0.4; at 1-256 tokens level. Past 2048 tokens at TP 8, and
+/// past 4096 at TP 4, the deeper pipelines win; at TP 16 it was up to 13 us slower from 1536
+/// tokens. Across GPUs not measured yet (no 4- or 8-GPU machine lent).
+PipelineDepth few_token_pipeline_depth(int world, int64_t tokens);
 
 /// @brief Whether a launch of `tokens` tokens takes the shallow pipeline, given the token groups
 /// resident on the GPU with the default ring and with the shallow one. The smaller ring pays off

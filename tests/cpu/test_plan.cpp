@@ -208,6 +208,32 @@ TEST(PipelineDepth, ShallowCandidateOnlyForManyRanksAndFewTokens) {
   EXPECT_TRUE(ThrowsErrorWith([] { shallow_pipeline_depth(8, -1); }, "tokens >= 0"));
 }
 
+TEST(PipelineDepth, FewTokensAtTp4To8TakeThreeStagesAndOneDeferred) {
+  for (const int world : {4, 5, 6, 8}) {
+    for (const int64_t tokens :
+         {int64_t{0}, int64_t{1}, int64_t{64}, int64_t{1536}, kFewTokensMax}) {
+      const PipelineDepth d = few_token_pipeline_depth(world, tokens);
+      EXPECT_EQ(d.stages, 3) << "world " << world << ", " << tokens << " tokens";
+      EXPECT_EQ(d.defer, 1) << "world " << world << ", " << tokens << " tokens";
+      // Like every pipeline with peers it keeps one row loading ahead.
+      EXPECT_EQ(d.stages - 1 - d.defer, 1) << "world " << world;
+    }
+    // Past the threshold the world's own depth (and, at TP 8, the shallow choice) applies.
+    EXPECT_EQ(few_token_pipeline_depth(world, kFewTokensMax + 1).stages, 0) << "world " << world;
+    EXPECT_EQ(few_token_pipeline_depth(world, 16384).defer, 0) << "world " << world;
+  }
+  // TP 2 and 3 run 3 stages with D = 1 anyway; alone nothing is deferred; from TP 9 on (TP 16
+  // measured: 3 stages and D = 1 up to 13 us slower at 1536-3072 tokens) the rule does not apply.
+  for (const int world : {1, 2, 3, kFewTokensMaxWorld + 1, 16}) {
+    EXPECT_EQ(few_token_pipeline_depth(world, 64).stages, 0) << "world " << world;
+    EXPECT_EQ(few_token_pipeline_depth(world, 64).defer, 0) << "world " << world;
+  }
+  EXPECT_EQ(choose_pipeline_depth(2).stages, 3);
+  EXPECT_EQ(choose_pipeline_depth(2).defer, 1);
+  EXPECT_TRUE(ThrowsErrorWith([] { few_token_pipeline_depth(0, 64); }, "world must be >= 1"));
+  EXPECT_TRUE(ThrowsErrorWith([] { few_token_pipeline_depth(4, -1); }, "tokens >= 0"));
+}
+
 TEST(PipelineDepth, ShallowTakenForAnyGainAtFewTokensAndForDoubleGainUpToTheCap) {
   // Up to kShallowAnyGainTokens any gain in resident groups takes it; none or a loss never does.
   for (const int64_t tokens : {int64_t{0}, int64_t{1}, int64_t{64}, kShallowAnyGainTokens}) {

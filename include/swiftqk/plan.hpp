@@ -68,7 +68,7 @@ constexpr int kFewTokensMaxWorld = 8;
 /// 512-2048 tokens 0.3-2.2 us faster for every model but OLMoE at 1536 tokens (1.2 us slower)
 /// and OLMoE and OLMo3-32B at 512 (level); TP 8 OLMo2-13B 0.3-1.7 us and OLMo3-32B at 1536-2048
 /// 0.3-0.9 faster, the others within 0.4; at 1-256 tokens level. Past 2048 tokens at TP 8, and
-/// past 4096 at TP 4, the deeper pipelines win; at TP 16 it was up to 13 us slower from 1536
+/// past 4096 at TP 4, the deeper pipelines win; at TP 16 it was up to 13.6 us slower from 1536
 /// tokens. Across GPUs not measured yet (no 4- or 8-GPU machine lent).
 PipelineDepth few_token_pipeline_depth(int world, int64_t tokens);
 

@@ -223,7 +223,7 @@ TEST(PipelineDepth, FewTokensAtTp4To8TakeThreeStagesAndOneDeferred) {
     EXPECT_EQ(few_token_pipeline_depth(world, 16384).defer, 0) << "world " << world;
   }
   // TP 2 and 3 run 3 stages with D = 1 anyway; alone nothing is deferred; from TP 9 on (TP 16
-  // measured: 3 stages and D = 1 up to 13 us slower at 1536-3072 tokens) the rule does not apply.
+  // measured: 3 stages and D = 1 up to 13.6 us slower at 1536-3072 tokens) the rule does not apply.
   for (const int world : {1, 2, 3, kFewTokensMaxWorld + 1, 16}) {
     EXPECT_EQ(few_token_pipeline_depth(world, 64).stages, 0) << "world " << world;
     EXPECT_EQ(few_token_pipeline_depth(world, 64).defer, 0) << "world " << world;

@@ -26,6 +26,32 @@ mkdir -p "$OUT"
 bench=build/bench/swiftqk_bench
 common=(--methods swiftqk --tokens "$tokens" --tp "$tps" --iters "${ITERS:-30}")
 runs=()
+# The table of the runs finished so far, rewritten after every run: a call cut off at its time
+# limit (the float64 checks of 16384 tokens are slow) still leaves the table of what finished.
+table() {
+  python3 - "$OUT" "${runs[@]}" >"$OUT/tune_table.txt" <<'EOF'
+import json, os, sys
+out, names = sys.argv[1], sys.argv[2:]
+rows, wrong = {}, {}
+for n in names:
+    path = os.path.join(out, f"tune_{n}.json")
+    if not os.path.exists(path):
+        continue
+    for r in json.load(open(path)):
+        key = (r["model"], r["tp"], r["tokens"])
+        rows.setdefault(key, {})[n] = r["median_us"]
+        wrong[n] = wrong.get(n, 0) + r["wrong"]
+print("median us (graph replays); wrong results per run: " +
+      ", ".join(f"{n}={wrong.get(n, 'missing')}" for n in names))
+print("| model | tp | tokens | " + " | ".join(names) + " | best |")
+print("|---|---|---|" + "---|" * (len(names) + 1))
+for key in sorted(rows):
+    v = rows[key]
+    best = min(v, key=v.get)
+    cells = [f"{v[n]:.2f}" if n in v else "-" for n in names]
+    print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + f" | {best} |")
+EOF
+}
 run() {  # name, then the command
   # A name already taken (a shape listed twice to see the noise, or two builds in folders of
   # the same name) is numbered, so no run overwrites another's results.
@@ -34,6 +60,7 @@ run() {  # name, then the command
   "$@" "${common[@]}" --json "$OUT/tune_$name.json" >"$OUT/tune_$name.log" 2>&1 \
     || echo "run $name failed: $(tail -2 "$OUT/tune_$name.log")"
   runs+=("$name")
+  table
 }
 shape_run() {  # shape, run name suffix
   local shape=${1%%x*} vpt= depth threads= defer= name
@@ -58,25 +85,4 @@ for b in "${others[@]}"; do
 done
 for d in "${ds[@]:1}"; do shape_run "$d" ""; done
 shape_run "${ds[0]}" _again
-python3 - "$OUT" "${runs[@]}" <<'EOF' | tee "$OUT/tune_table.txt"
-import json, os, sys
-out, names = sys.argv[1], sys.argv[2:]
-rows, wrong = {}, {}
-for n in names:
-    path = os.path.join(out, f"tune_{n}.json")
-    if not os.path.exists(path):
-        continue
-    for r in json.load(open(path)):
-        key = (r["model"], r["tp"], r["tokens"])
-        rows.setdefault(key, {})[n] = r["median_us"]
-        wrong[n] = wrong.get(n, 0) + r["wrong"]
-print("median us (graph replays); wrong results per run: " +
-      ", ".join(f"{n}={wrong.get(n, 'missing')}" for n in names))
-print("| model | tp | tokens | " + " | ".join(names) + " | best |")
-print("|---|---|---|" + "---|" * (len(names) + 1))
-for key in sorted(rows):
-    v = rows[key]
-    best = min(v, key=v.get)
-    cells = [f"{v[n]:.2f}" if n in v else "-" for n in names]
-    print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + f" | {best} |")
-EOF
+cat "$OUT/tune_table.txt"

@@ -229,7 +229,7 @@ int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
                   "= %.2f\n",
                   "", lus, rtt_us, j["floor_ratio"].get<double>());
             }
-            all.push_back(j);
+            record(sw, all, std::move(j));
           }
         }
       }

@@ -183,7 +183,7 @@ int run_single_process(const Sweep& sw, const std::vector<std::string>& tps) {
                           j["same_size_copy_us"].get<double>(),
                           100 * j["frac_of_same_size_copy"].get<double>());
             }
-            all.push_back(j);
+            record(sw, all, std::move(j));
           }
         }
       }

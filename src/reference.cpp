@@ -176,14 +176,21 @@ std::vector<double> rms_norm_fp64(const std::vector<double>& x, const std::vecto
                                   int64_t tokens, int64_t width, double eps) {
   check_shapes(x, w, tokens, width);
   std::vector<double> y(x.size());
-  for (int64_t t = 0; t < tokens; ++t) {
-    const double* row = x.data() + t * width;
+  rms_norm_fp64_rows(x.data(), w.data(), width, eps, 0, tokens, y.data());
+  return y;
+}
+
+void rms_norm_fp64_rows(const double* x, const double* w, int64_t width, double eps,
+                        int64_t row_begin, int64_t row_end, double* y) {
+  SWIFTQK_EXPECTS(width >= 1 && row_begin >= 0 && row_begin <= row_end,
+                  "rms_norm_fp64_rows: width must be >= 1 and 0 <= row_begin <= row_end");
+  for (int64_t t = row_begin; t < row_end; ++t) {
+    const double* row = x + t * width;
     double sum = 0;
     for (int64_t i = 0; i < width; ++i) sum += row[i] * row[i];
     const double rstd = 1.0 / std::sqrt(sum / static_cast<double>(width) + eps);
     for (int64_t i = 0; i < width; ++i) y[t * width + i] = w[i] * (row[i] * rstd);
   }
-  return y;
 }
 
 // The kernel may differ from this emulation by one ulp of `out`: it sums squares in fp32 in a

@@ -36,6 +36,13 @@ void store_element(void* base, DType t, std::size_t index, double value);
 std::vector<double> rms_norm_fp64(const std::vector<double>& x, const std::vector<double>& w,
                                   int64_t tokens, int64_t width, double eps);
 
+/// @brief rms_norm_fp64 of rows [row_begin, row_end) of x into the same rows of y (x and y
+/// [rows, width] row-major, w [width]). Each row is computed exactly as rms_norm_fp64 computes
+/// it (which is this over every row), so callers may split the rows across threads and get the
+/// same bits.
+void rms_norm_fp64_rows(const double* x, const double* w, int64_t width, double eps,
+                        int64_t row_begin, int64_t row_end, double* y);
+
 /// @brief What a correct fp32 kernel writes, rounded to `out` (f32, f16 or bf16).
 std::vector<double> rms_norm_emulated(const std::vector<double>& x, const std::vector<double>& w,
                                       int64_t tokens, int64_t width, double eps, NormOrder order,

@@ -1,9 +1,11 @@
 // Tests for the host reference: conversions, the worked example, tolerance tightness, metrics.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -258,6 +260,38 @@ TEST(Tolerance, CorrectEmulationPassesAndBugsFail) {
       }
     }
   }
+}
+
+TEST(Reference, RowRangesGiveTheWholeReferenceBitForBit) {
+  // The test support splits the gold reference's rows across threads: any split must give the
+  // bits of one whole call, and a range must write its rows and nothing else.
+  std::mt19937_64 rng(777);
+  const Problem p = make_problem(rng, 37, 1000, DType::kBF16);
+  const std::vector<double> whole = rms_norm_fp64(p.x, p.w, p.tokens, p.width, kEps);
+  for (const int64_t chunk : {int64_t{1}, int64_t{5}, int64_t{36}, int64_t{37}}) {
+    std::vector<double> y(whole.size(), kNaN);
+    for (int64_t t0 = 0; t0 < p.tokens; t0 += chunk) {
+      rms_norm_fp64_rows(p.x.data(), p.w.data(), p.width, kEps, t0, std::min(p.tokens, t0 + chunk),
+                         y.data());
+    }
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&y[i], &whole[i], sizeof(double)), 0)
+          << "chunk " << chunk << " at " << i;
+    }
+  }
+  std::vector<double> y(whole.size(), kNaN);
+  rms_norm_fp64_rows(p.x.data(), p.w.data(), p.width, kEps, 3, 5, y.data());
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const bool inside = t >= 3 && t < 5;
+    EXPECT_EQ(std::isnan(y[t * p.width]), !inside) << "row " << t;
+    if (inside) {
+      EXPECT_EQ(y[t * p.width + 7], whole[t * p.width + 7]) << "row " << t;
+    }
+  }
+  rms_norm_fp64_rows(p.x.data(), p.w.data(), p.width, kEps, 4, 4, y.data());  // empty range
+  EXPECT_THROW(rms_norm_fp64_rows(p.x.data(), p.w.data(), 0, kEps, 0, 1, y.data()), Error);
+  EXPECT_THROW(rms_norm_fp64_rows(p.x.data(), p.w.data(), p.width, kEps, 5, 4, y.data()), Error);
+  EXPECT_THROW(rms_norm_fp64_rows(p.x.data(), p.w.data(), p.width, kEps, -1, 4, y.data()), Error);
 }
 
 TEST(Tolerance, ValuesAreOrdered) {

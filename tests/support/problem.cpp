@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <thread>
 
 namespace swiftqk::testing {
@@ -96,6 +97,23 @@ void Problem::refill(uint64_t seed) {
   fill_rows(k, kd, tokens, k_width, in, k_scale, seed * 2 + 2);
 }
 
+namespace {
+std::vector<double> gold_of(const std::vector<double>& x, const std::vector<double>& w,
+                            int64_t tokens, int64_t width, float eps) {
+  SWIFTQK_EXPECTS(width > 0 && x.size() == static_cast<std::size_t>(tokens * width) &&
+                      w.size() == static_cast<std::size_t>(width),
+                  "Problem::gold: inputs do not match the problem's shape");
+  std::vector<double> y(x.size());
+  parallel_for(tokens, [&](int64_t t0, int64_t t1) {
+    ref::rms_norm_fp64_rows(x.data(), w.data(), width, eps, t0, t1, y.data());
+  });
+  return y;
+}
+}  // namespace
+
+std::vector<double> Problem::gold_q() const { return gold_of(qd, wqd, tokens, q_width, eps); }
+std::vector<double> Problem::gold_k() const { return gold_of(kd, wkd, tokens, k_width, eps); }
+
 RankData make_rank(const Problem& p, int world, int rank, Layout layout) {
   RankData d;
   const int64_t qs = p.q_width / world, ks = p.k_width / world;
@@ -186,11 +204,31 @@ void gather(const void* dev, int64_t stride, int64_t tokens, int64_t width, int6
   copy_2d(host.data(), width * os, dev, stride * os, width * os, tokens, cudaMemcpyDeviceToHost,
           nullptr);
   SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t j = 0; j < width; ++j) {
-      dst[t * full + col0 + j] = ref::load_element(host.data(), out, t * width + j);
+  parallel_for(tokens, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t j = 0; j < width; ++j) {
+        dst[t * full + col0 + j] = ref::load_element(host.data(), out, t * width + j);
+      }
     }
-  }
+  });
+}
+}  // namespace
+
+namespace {
+// The error metrics and the out-of-tolerance counts of Q and K: four independent serial passes,
+// run at once (each one's result is the same as run alone).
+void compare_both(const Problem& p, const std::vector<double>& q, const std::vector<double>& gq,
+                  const std::vector<double>& k, const std::vector<double>& gk, Check& c) {
+  auto count = [&p](const std::vector<double>& got, const std::vector<double>& gold) {
+    return ref::count_out_of_tolerance(got, gold, p.out(), p.order);
+  };
+  auto q_metrics = std::async(std::launch::async, [&] { return ref::compare(q, gq); });
+  auto k_metrics = std::async(std::launch::async, [&] { return ref::compare(k, gk); });
+  auto q_wrong = std::async(std::launch::async, [&] { return count(q, gq); });
+  const int64_t k_wrong = count(k, gk);
+  c.q = q_metrics.get();
+  c.k = k_metrics.get();
+  c.wrong = q_wrong.get() + k_wrong;
 }
 }  // namespace
 
@@ -216,10 +254,7 @@ Check check_ranks(const Problem& p, int world, const std::vector<RankData*>& ran
     }
   }
   const std::vector<double> gq = p.gold_q(), gk = p.gold_k();
-  c.q = ref::compare(q, gq);
-  c.k = ref::compare(k, gk);
-  c.wrong = ref::count_out_of_tolerance(q, gq, p.out(), p.order) +
-            ref::count_out_of_tolerance(k, gk, p.out(), p.order);
+  compare_both(p, q, gq, k, gk, c);
   if (c.wrong > 0) {
     c.first_error = "q max_abs " + std::to_string(c.q.max_abs) + " at " +
                     std::to_string(c.q.worst_index) + ", k max_abs " + std::to_string(c.k.max_abs) +
@@ -240,10 +275,7 @@ Check check_rank(const Problem& p, int world, int rank, const RankData& d) {
     for (int64_t j = 0; j < qs; ++j) gq_slice[t * qs + j] = gq[t * p.q_width + rank * qs + j];
     for (int64_t j = 0; j < ks; ++j) gk_slice[t * ks + j] = gk[t * p.k_width + rank * ks + j];
   }
-  c.q = ref::compare(q, gq_slice);
-  c.k = ref::compare(k, gk_slice);
-  c.wrong = ref::count_out_of_tolerance(q, gq_slice, p.out(), p.order) +
-            ref::count_out_of_tolerance(k, gk_slice, p.out(), p.order);
+  compare_both(p, q, gq_slice, k, gk_slice, c);
   if (c.wrong > 0) {
     c.first_error = "rank " + std::to_string(rank) + ": q max_abs " + std::to_string(c.q.max_abs) +
                     ", k max_abs " + std::to_string(c.k.max_abs);

@@ -218,12 +218,9 @@ inline int rotation_sets(int64_t tokens, const Model& m, DType dt) {
       (std::size_t(120) << 20) / std::max<std::size_t>(set_bytes, 1) + 1, 1, 8));
 }
 
-/// Appends one configuration's row and, if a JSON path was given, rewrites the file with every
-/// row so far (through a temporary file and a rename, so a reader never sees half a file): a run
-/// cut off by a time limit (the float64 checks of 16384 tokens take seconds each) still leaves
-/// the rows that finished. A complete run ends with finish().
-inline void record(const Sweep& sw, json& all, json row) {
-  all.push_back(std::move(row));
+/// Writes every row so far to the JSON path, if one was given, through a temporary file and a
+/// rename, so a reader never sees half a file.
+inline void write_json(const Sweep& sw, const json& all) {
   if (sw.json_path.empty()) return;
   const std::string part = sw.json_path + ".part";
   std::ofstream(part) << all.dump(1) << "\n";
@@ -232,9 +229,18 @@ inline void record(const Sweep& sw, json& all, json row) {
   }
 }
 
-/// Writes the JSON (if asked) and the verdict; the exit code is 1 if any result was wrong.
+/// Appends one configuration's row and rewrites the JSON: a run cut off by a time limit (the
+/// float64 checks of 16384 tokens take seconds each) still leaves the rows that finished. A
+/// complete run ends with finish().
+inline void record(const Sweep& sw, json& all, json row) {
+  all.push_back(std::move(row));
+  write_json(sw, all);
+}
+
+/// Writes the JSON (the soak's only write) and the verdict; the exit code is 1 if any result was
+/// wrong.
 inline int finish(const Sweep& sw, const json& all, int64_t total_wrong) {
-  if (!sw.json_path.empty()) std::ofstream(sw.json_path) << all.dump(1) << "\n";
+  write_json(sw, all);
   if (total_wrong > 0) {
     std::printf("FAILED: %lld wrong results\n", static_cast<long long>(total_wrong));
     return 1;

@@ -4,7 +4,7 @@ method, from the JSON that e2e_decode.py writes (like the paper's Fig. 2(c)), an
 method's TPOT relative to SwiftQK's, then per TP and method the range of those reductions (each
 model's too), the figures the paper quotes (29.5% against All-Gather, 14.3% against MiniMax fused).
 
-    python3 bench/plot_e2e.py bench/results/E2E.json [...] --out e2e.png
+    python3 bench/plot_e2e.py results/e2e_tp2_*.json [...] --out results/e2e.png
 """
 import argparse
 import json

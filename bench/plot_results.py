@@ -2,7 +2,7 @@
 """Draws latency against tokens, one panel per model, one line per (method, TP), from the JSON
 that swiftqk_bench and torch_rms_norm.py write (like the paper's Fig. 2(a)).
 
-    python3 bench/plot_results.py bench/results/A.json [B.json ...] --out plot.png
+    python3 bench/plot_results.py results/latest.json [B.json ...] --out results/latency.png
 """
 import argparse
 import json

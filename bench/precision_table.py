@@ -3,7 +3,7 @@
 method, the max abs, mean abs and RMSE of the outputs against the float64 reference on the
 same inputs, and whether SwiftQK is no worse than All-Gather on matching configurations.
 
-    python3 bench/precision_table.py bench/results/X.json [...]
+    python3 bench/precision_table.py results/X.json [...]
 
 Inputs (tests/support/problem.cpp): normal values, each row scaled by 10^u with u uniform in
 [-1, 1) (never zeros); weights uniform in [0.25, 2); fp8-e4m3 inputs are the same values

@@ -4,7 +4,7 @@ TP and token count, SwiftQK's median, each baseline's, and the latency reduction
 1 - swiftqk / baseline (the paper's headline figures), plus SwiftQK's ratio to its floor
 (local-only time + one NVLink round trip) where the run measured it (--procs on several GPUs).
 
-    python3 bench/ratio_table.py bench/results/X.json [--against all_gather,minimax_fused]
+    python3 bench/ratio_table.py results/X.json [--against all_gather,minimax_fused]
         [--target all_gather=0.85,minimax_fused=0.30] [--floor-target 1.2]
 
 The last lines give the range of each reduction and how many points meet each target. Where

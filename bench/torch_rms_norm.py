@@ -3,7 +3,7 @@
 the same shapes as swiftqk_bench, graph-replayed, median of many replays, inputs rotated so L2
 does not flatter. With --swiftqk-json it prints SwiftQK TP-1 time against it, side by side.
 
-    python3 bench/torch_rms_norm.py --json out.json --swiftqk-json bench_tp1.json
+    python3 bench/torch_rms_norm.py --json results/torch.json --swiftqk-json results/latest.json
 """
 import argparse
 import json

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Virtual-rank scaling, side by side: for each run (swiftqk_bench JSON with --tp 1,...), the
-median per (model, tokens, TP) and its ratio to TP 1 in the same run, then issue 2's targets
+median per (model, tokens, TP) and its ratio to TP 1 in the same run, then the scaling targets
 counted per run: at --ratio-tokens tokens (default 4096) at most --max-ratio (1.15) times TP 1,
 and at --small-tokens tokens or fewer (64) at most TP 1 + --max-extra-us (2 us).
 

@@ -1,48 +1,33 @@
 #!/usr/bin/env bash
-# One call on a GPU machine that checks and measures at once (a session's device time is short).
+# Checks and measures SwiftQK on a GPU machine in one go; a summary is printed last.
 #   bash scripts/gpu_session.sh verify    GPU gtests (multi-GPU ones too), the Python tests, and
 #                                         with several GPUs the one-process-per-GPU sweep of all
 #                                         five methods and the TP decode run
-#   bash scripts/gpu_session.sh verify-only   verify without the TP decode run, and
-#   bash scripts/gpu_session.sh decode        the TP decode run alone (verify in two device calls)
-#   bash scripts/gpu_session.sh sweep         the one-process-per-GPU sweep and its precision run
-#                                             alone (with TPS="2 4", the part of verify-only that
-#                                             grows with the GPU count: a call per TP on 8 GPUs)
+#   bash scripts/gpu_session.sh sweep     the one-process-per-GPU sweep and its precision run alone
+#   bash scripts/gpu_session.sh decode    the TP decode run alone
 #   bash scripts/gpu_session.sh measure   virtual ranks against MiniMax fused, the precision
 #                                         study, the PyTorch baseline, TP-1 decode, sanitizers
 #   bash scripts/gpu_session.sh sanitize  compute-sanitizer memcheck, racecheck and synccheck on a
 #                                         subset covering every kernel, TP 2 included (peer waits
 #                                         scaled by SWIFTQK_TEST_WAIT_SCALE, default 30)
 #   bash scripts/gpu_session.sh           verify and measure
-# Logs and JSON go to $OUT (default ./gpu_out); a summary is printed last. The PyTorch extension
-# is built here (in build-py) when python/swiftqk has none that imports, and copied to $OUT.
-# SWIFTQK_ARCHIVE=1 (a device call returns at most 8 files): the logs are written to a scratch
-# folder and packed into $OUT/results.tgz, with $OUT/summary.txt, after every step, so a call cut
-# off at its time limit still returns every step that finished.
+# The sweep and the decode run use one process per GPU at the TPs in TPS (default: every power of
+# two up to the GPU count, e.g. TPS="2 4"). Logs and JSON go to $OUT (default ./results, which git
+# ignores); $OUT/summary.txt is rewritten after every step, so a run stopped part-way keeps the
+# summary of the steps that finished. The PyTorch extension is built (in build-py) when
+# python/swiftqk has none that imports.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:-all}
 case "$phase" in
-  all | verify | verify-only | sweep | decode | measure | sanitize) ;;
-  *) echo "gpu_session.sh: unknown phase '$phase' (all, verify, verify-only, sweep, decode, measure, sanitize)" >&2
+  all | verify | sweep | decode | measure | sanitize) ;;
+  *) echo "gpu_session.sh: unknown phase '$phase' (all, verify, sweep, decode, measure, sanitize)" >&2
      exit 2 ;;
 esac
-OUT=${OUT:-$PWD/gpu_out}
+OUT=${OUT:-$PWD/results}
 mkdir -p "$OUT"
-final_out=$OUT
-archive=${SWIFTQK_ARCHIVE:-0}
-[ "$archive" = 1 ] && OUT=$(mktemp -d /tmp/swiftqk_session.XXXXXX)
 summary=()
-checkpoint() {  # with SWIFTQK_ARCHIVE=1: the steps finished so far, where the caller finds them
-  [ "$archive" = 1 ] || return 0
-  printf '%s\n' "${summary[@]}" >"$final_out/summary.txt"
-  local rc=0
-  (cd "$OUT" && tar czf "$final_out/results.part.tgz" --warning=no-file-changed .) || rc=$?
-  # 1: a log grew while it was read (the extension builds in the background); the archive then
-  # holds what was there.
-  [ "$rc" -le 1 ] && mv "$final_out/results.part.tgz" "$final_out/results.tgz"
-}
-note() { summary+=("$1"); checkpoint; }
+note() { summary+=("$1"); printf '%s\n' "${summary[@]}" >"$OUT/summary.txt"; }
 export PYTHONUNBUFFERED=1
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null || true)
 [ -n "$nccl" ] && export LD_LIBRARY_PATH="$nccl:${LD_LIBRARY_PATH:-}"
@@ -51,7 +36,7 @@ ngpu=$(nvidia-smi -L | wc -l)
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvidia-smi topo -m; } \
   >"$OUT/gpu.txt" 2>&1
 note "commit $commit, $ngpu GPU(s): $(head -1 "$OUT/gpu.txt")"
-# One process per GPU at every TP the machine allows (TPS="2 4" to choose), for verify and decode.
+# One process per GPU at every TP the machine allows (TPS="2 4" to choose), for the sweep and decode.
 tps=${TPS:-}; if [ -z "$tps" ]; then t=2; while [ "$t" -le "$ngpu" ]; do tps+="$t "; t=$((t * 2)); done; fi
 if [ ! -x build/tests/swiftqk_gpu_tests ] || ! build/tests/swiftqk_gpu_tests --gtest_list_tests >/dev/null 2>&1; then
   cmake -S . -B build -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.log" 2>&1
@@ -70,7 +55,6 @@ wait_ext() {
   if [ -n "$pybuild" ]; then
     wait "$pybuild" || tail -20 "$OUT/build_py.log"
     pybuild=
-    cp python/swiftqk/_C*.so "$final_out/" 2>/dev/null
   fi
   has_ext
 }
@@ -93,7 +77,7 @@ run_pytest() {  # the CPU-only cases ran in CI already; here what needs the GPU
 }
 
 verifying=0
-case "$phase" in all | verify | verify-only) verifying=1 ;; esac
+case "$phase" in all | verify) verifying=1 ;; esac
 if [ "$verifying" = 1 ]; then
   timeout 420 build/tests/swiftqk_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
   note "gpu gtests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/gpu_tests.log" | tr '\n' ' ')"
@@ -119,8 +103,7 @@ if [ "$verifying" = 1 ] || [ "$phase" = sweep ]; then
 fi
 [ "$verifying" = 1 ] && run_pytest
 
-# The TP decode run, one process per GPU (with verify, or alone when verify ran in an earlier call:
-# the two together can outlast one device call).
+# The TP decode run, one process per GPU.
 if [ "$phase" = verify ] || [ "$phase" = decode ] || [ "$phase" = all ]; then
   if [ -n "$tps" ] && wait_ext; then
     for tp in $tps; do
@@ -174,8 +157,8 @@ if [ "$phase" = measure ] || [ "$phase" = sanitize ] || [ "$phase" = all ]; then
   # that TP-2 blocks waiting on each other are not cut off by a bound sized for the bare GPU.
   # FewBlocks: a grid of one or two SMs, so each block runs dozens of iterations (deferred
   # schedule, stage ring wrap, parity buffers) at TP 1, 2 and 4 in a few seconds of the tool.
-  # racecheck leaves out the graph-replay test: its 2000 replays outlast the time limit there
-  # (session 3: killed by `timeout`, no hazard reported), and replays run the same kernel code.
+  # racecheck leaves out the graph-replay test: under racecheck its 2000 replays outlast the
+  # step's time limit, and replays run the same kernel code as the other tests.
   filter='Design/ModelShapes.*tp2_t333_q5120_k1024*:FewBlocks/ModelShapes.*'
   filter+=':Faults.MissingPeerTimesOutNamingIt:NcclGroupOfOne.FromNcclRunsEveryMethod'
   filter+=':SlotScrub.*'  # the scrub calls' bank-wide stores (TP 2, 4 and 8)
@@ -191,5 +174,4 @@ if [ "$phase" = measure ] || [ "$phase" = sanitize ] || [ "$phase" = all ]; then
     note "compute-sanitizer $tool: exit $rc in $((SECONDS - start)) s ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/sanitizer_$tool.log" | tr '\n' ' '))"
   done
 fi
-printf '%s\n' "${summary[@]}" | tee "$final_out/summary.txt"
-checkpoint
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -2,10 +2,11 @@
 # Hardware counters of the TP-1 SwiftQK kernel and of the copy kernel moving the same bytes
 # (bench/swiftqk_bench's eager mode), for the models and token count given:
 #   bash scripts/ncu_profile.sh [models=olmoe,olmo2-13b] [tokens=4096]
-# Clocks are left alone (--clock-control none). Reports go to $OUT/ncu_<model>.txt.
+# Clocks are left alone (--clock-control none). Reports go to $OUT/ncu_{swiftqk,copy}_<model>.txt
+# (default ./results, which git ignores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
+OUT=${OUT:-$PWD/results}
 mkdir -p "$OUT"
 sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats"
 sections+=" --section Occupancy --section LaunchStats --section SchedulerStats"

@@ -14,20 +14,20 @@
 # A shape may be listed more than once; its later runs are numbered (s3_d2, s3_d2_2, ...).
 #   e.g. bash scripts/tune_stages.sh 4096 1,2,4,8 d,2,3,d/128,d/512 /path/to/old/swiftqk_bench
 #        bash scripts/tune_stages.sh 4096 2,4,8 d,3+1,4+2,5+3,3+2,dx8,3+2x8
-# JSON per run and the table go to $OUT (default ./gpu_out).
+# JSON per run and the table go to $OUT (default ./results, which git ignores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tokens=${1:-4096}
 tps=${2:-1,2,4,8}
 depths=${3:-d,2,3,4,5}
 other=${4:-}
-OUT=${OUT:-$PWD/gpu_out}
+OUT=${OUT:-$PWD/results}
 mkdir -p "$OUT"
 bench=build/bench/swiftqk_bench
 common=(--methods swiftqk --tokens "$tokens" --tp "$tps" --iters "${ITERS:-30}")
 runs=()
-# The table of the runs finished so far, rewritten after every run: a call cut off at its time
-# limit (the float64 checks of 16384 tokens are slow) still leaves the table of what finished.
+# The table of the runs finished so far, rewritten after every run: a sweep stopped part-way
+# still leaves the table of what finished.
 table() {
   python3 - "$OUT" "${runs[@]}" >"$OUT/tune_table.txt" <<'EOF'
 import json, os, sys

@@ -1,12 +1,11 @@
 """scripts/gpu_session.sh, run without a GPU against stand-ins for nvidia-smi, the GPU tests and
 the benchmark: the `sweep` phase runs the one-process-per-GPU sweep at each TP asked for and
-nothing else, and with SWIFTQK_ARCHIVE=1 a call cut off mid-way still leaves every finished step
-packed in $OUT/results.tgz (a device call returns at most 8 files)."""
+nothing else, an unknown phase is refused, and a run stopped part-way leaves $OUT/summary.txt
+with every step that finished."""
 
 import os
 import shutil
 import subprocess
-import tarfile
 import time
 
 REPO = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -49,14 +48,16 @@ def tree(tmp_path, gpus):
         (tmp_path / path).write_text(text)
         (tmp_path / path).chmod(0o755)
     (tmp_path / ".commit").write_text("c0ffee\n")
-    env = dict(os.environ, FAKE_GPUS=str(gpus), OUT=str(tmp_path / "out"), SWIFTQK_ARCHIVE="1",
+    env = dict(os.environ, FAKE_GPUS=str(gpus), OUT=str(tmp_path / "out"),
                PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    env.pop("TPS", None)
     return env
 
 
-def archived(tmp_path):
-    with tarfile.open(tmp_path / "out" / "results.tgz") as t:
-        return {os.path.normpath(n) for n in t.getnames()}
+def sweep_files(tp):
+    return {f"bench_procs_tp{tp}.json", f"bench_procs_tp{tp}.log", f"ratios_procs_tp{tp}.md",
+            f"bench_procs_fp8_tp{tp}.json", f"bench_procs_fp8_tp{tp}.log",
+            f"precision_procs_tp{tp}.md"}
 
 
 def test_sweep_runs_each_tp_asked_for_and_nothing_else(tmp_path):
@@ -65,17 +66,35 @@ def test_sweep_runs_each_tp_asked_for_and_nothing_else(tmp_path):
     r = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_session.sh"), "sweep"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert sorted(os.listdir(tmp_path / "out")) == ["results.tgz", "summary.txt"]
-    names = archived(tmp_path)
+    # Nothing else: no TP 8, no GPU tests, no Python tests (not part of a sweep).
+    names = set(os.listdir(tmp_path / "out"))
+    assert names == {"gpu.txt", "summary.txt"} | sweep_files(2) | sweep_files(4)
     for tp in (2, 4):
-        assert f"bench_procs_tp{tp}.json" in names and f"bench_procs_fp8_tp{tp}.json" in names
         assert f"bench procs {tp}: all configurations verified" in r.stdout
-    assert "bench_procs_tp8.json" not in names
-    assert "gpu_tests.log" not in names and "pytest.log" not in names  # not part of a sweep
-    assert "commit c0ffee, 8 GPU(s)" in (tmp_path / "out" / "summary.txt").read_text()
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "commit c0ffee, 8 GPU(s)" in summary
+    assert summary.count("precision tp ") == 2 and summary == r.stdout
 
 
-def test_a_call_cut_off_keeps_the_steps_that_finished(tmp_path):
+def test_default_tps_are_the_powers_of_two_up_to_the_gpu_count(tmp_path):
+    env = tree(tmp_path, 4)
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_session.sh"), "sweep"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert set(os.listdir(tmp_path / "out")) == {"gpu.txt", "summary.txt"} | sweep_files(2) | \
+        sweep_files(4)
+
+
+def test_an_unknown_phase_is_refused(tmp_path):
+    env = tree(tmp_path, 2)
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_session.sh"), "verify-only"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "unknown phase 'verify-only'" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_stopped_part_way_keeps_the_summary_of_the_steps_that_finished(tmp_path):
     env = tree(tmp_path, 8)
     env.update(TPS="2 4", FAKE_SLOW_TP="4")
     p = subprocess.Popen(["bash", str(tmp_path / "scripts" / "gpu_session.sh"), "sweep"],
@@ -87,12 +106,13 @@ def test_a_call_cut_off_keeps_the_steps_that_finished(tmp_path):
             summary.read_text() if summary.exists() else ""):
         time.sleep(0.1)
     time.sleep(0.5)  # TP 4's run is now under way, and takes 20 s
-    os.killpg(p.pid, 9)  # as the device does at its time limit
+    os.killpg(p.pid, 9)  # stopped from outside, with no chance to write anything more
     p.wait()
-    names = archived(tmp_path)
-    assert "bench_procs_tp2.json" in names and "precision_procs_tp2.md" in names
+    names = set(os.listdir(tmp_path / "out"))
+    assert sweep_files(2) <= names
     assert "bench_procs_tp4.json" not in names
-    assert "precision tp 2" in summary.read_text()
+    text = summary.read_text()
+    assert "precision tp 2" in text and "bench procs 4" not in text
 
 
 def test_one_gpu_sweep_says_there_is_nothing_to_run(tmp_path):

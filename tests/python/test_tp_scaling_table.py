@@ -1,5 +1,6 @@
-"""bench/tp_scaling_table.py counts issue 2's targets from benchmark JSON: checked on synthetic
-runs whose ratios and small-token excesses are known, at and just past each threshold."""
+"""bench/tp_scaling_table.py counts the virtual-rank scaling targets from benchmark JSON: checked
+on synthetic runs whose ratios and small-token excesses are known, at and just past each
+threshold."""
 
 import json
 import os

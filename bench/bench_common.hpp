@@ -183,8 +183,8 @@ struct Sweep {
   std::vector<DType> dtypes;
   std::vector<int64_t> tokens;
   std::vector<Method> methods;
-  std::string order = "model";  // "model": each model's own order
-  std::string json_path;
+  std::string order = "model";                     // "model": each model's own order
+  std::string json_path, csv_path, markdown_path;  // empty: not written
   NormOrder order_for(const Model& m) const {
     return order == "model" ? m.order : parse_norm_order(order);
   }
@@ -218,29 +218,126 @@ inline int rotation_sets(int64_t tokens, const Model& m, DType dt) {
       (std::size_t(120) << 20) / std::max<std::size_t>(set_bytes, 1) + 1, 1, 8));
 }
 
-/// Writes every row so far to the JSON path, if one was given, through a temporary file and a
-/// rename, so a reader never sees half a file.
-inline void write_json(const Sweep& sw, const json& all) {
-  if (sw.json_path.empty()) return;
-  const std::string part = sw.json_path + ".part";
-  std::ofstream(part) << all.dump(1) << "\n";
-  if (std::rename(part.c_str(), sw.json_path.c_str()) != 0) {
-    std::fprintf(stderr, "swiftqk_bench: could not write %s\n", sw.json_path.c_str());
+/// Writes `text` to `path` through a temporary file and a rename, so a reader never sees half a
+/// file.
+inline void write_atomically(const std::string& path, const std::string& text) {
+  const std::string part = path + ".part";
+  std::ofstream(part) << text;
+  if (std::rename(part.c_str(), path.c_str()) != 0) {
+    std::fprintf(stderr, "swiftqk_bench: could not write %s\n", path.c_str());
   }
 }
 
-/// Appends one configuration's row and rewrites the JSON: a run cut off by a time limit (the
+/// The columns a reader compares first, in this order (those the rows have).
+inline const std::vector<std::string>& leading_columns() {
+  static const std::vector<std::string> c = {
+      "method", "model",       "tp",           "tokens",          "dtype",
+      "order",  "mode",        "pdl",          "median_us",       "p10_us",
+      "p99_us", "gbps",        "frac_of_copy", "first_median_us", "last_median_us",
+      "drift",  "floor_ratio", "wrong",        "max_abs_err",     "gpus"};
+  return c;
+}
+
+/// Every key of the rows: the leading columns first, then the rest in name order. Rows of
+/// different runs (timed or not, with a floor or not, soak) carry different keys.
+inline std::vector<std::string> columns_of(const json& rows) {
+  std::vector<std::string> rest;
+  for (const json& r : rows) {
+    for (auto it = r.begin(); it != r.end(); ++it) {
+      if (std::find(rest.begin(), rest.end(), it.key()) == rest.end()) rest.push_back(it.key());
+    }
+  }
+  std::vector<std::string> cols;
+  for (const auto& c : leading_columns()) {
+    if (std::find(rest.begin(), rest.end(), c) != rest.end()) cols.push_back(c);
+  }
+  std::sort(rest.begin(), rest.end());
+  for (const auto& c : rest) {
+    if (std::find(cols.begin(), cols.end(), c) == cols.end()) cols.push_back(c);
+  }
+  return cols;
+}
+
+/// One CSV field: numbers as JSON writes them (full precision), strings quoted when they hold a
+/// comma, a quote or a line break; a key the row lacks is left empty.
+inline std::string csv_field(const json& row, const std::string& key) {
+  if (!row.contains(key) || row[key].is_null()) return "";
+  if (!row[key].is_string()) return row[key].dump();
+  const std::string v = row[key].get<std::string>();
+  if (v.find_first_of(",\"\n") == std::string::npos) return v;
+  std::string q = "\"";
+  for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+inline std::string to_csv(const json& rows) {
+  const std::vector<std::string> cols = columns_of(rows);
+  std::string out;
+  for (std::size_t i = 0; i < cols.size(); ++i) out += (i ? "," : "") + cols[i];
+  out += "\n";
+  for (const json& r : rows) {
+    for (std::size_t i = 0; i < cols.size(); ++i) out += (i ? "," : "") + csv_field(r, cols[i]);
+    out += "\n";
+  }
+  return out;
+}
+
+/// A Markdown table of the leading columns only; the CSV and JSON keep every column.
+inline std::string to_markdown(const json& rows) {
+  std::vector<std::string> cols = columns_of(rows);
+  cols.erase(std::remove_if(cols.begin(), cols.end(),
+                            [](const std::string& c) {
+                              const auto& l = leading_columns();
+                              return std::find(l.begin(), l.end(), c) == l.end();
+                            }),
+             cols.end());
+  std::string out = "|";
+  for (const auto& c : cols) out += " " + c + " |";
+  out += "\n|";
+  for (const auto& c : cols) {
+    const bool text = !rows.empty() && rows[0].contains(c) && rows[0][c].is_string();
+    out += text ? " --- |" : " ---: |";
+  }
+  out += "\n";
+  char num[32];
+  for (const json& r : rows) {
+    out += "|";
+    for (const auto& c : cols) {
+      std::string v;
+      if (r.contains(c) && r[c].is_number_float()) {
+        std::snprintf(num, sizeof num, "%.4g", r[c].get<double>());
+        v = num;
+      } else if (r.contains(c) && r[c].is_string()) {
+        v = r[c].get<std::string>();
+      } else if (r.contains(c)) {
+        v = r[c].dump();
+      }
+      out += " " + v + " |";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+/// Writes every row so far to each output that was asked for (--json, --csv, --markdown).
+inline void write_outputs(const Sweep& sw, const json& all) {
+  if (!sw.json_path.empty()) write_atomically(sw.json_path, all.dump(1) + "\n");
+  if (!sw.csv_path.empty()) write_atomically(sw.csv_path, to_csv(all));
+  if (!sw.markdown_path.empty()) write_atomically(sw.markdown_path, to_markdown(all));
+}
+
+/// Appends one configuration's row and rewrites the outputs: a run cut off by a time limit (the
 /// float64 checks of 16384 tokens take seconds each) still leaves the rows that finished. A
 /// complete run ends with finish().
 inline void record(const Sweep& sw, json& all, json row) {
   all.push_back(std::move(row));
-  write_json(sw, all);
+  write_outputs(sw, all);
 }
 
-/// Writes the JSON (the soak's only write) and the verdict; the exit code is 1 if any result was
-/// wrong.
+/// Writes the outputs (the soak's only write) and the verdict; the exit code is 1 if any result
+/// was wrong.
 inline int finish(const Sweep& sw, const json& all, int64_t total_wrong) {
-  write_json(sw, all);
+  write_outputs(sw, all);
   if (total_wrong > 0) {
     std::printf("FAILED: %lld wrong results\n", static_cast<long long>(total_wrong));
     return 1;

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -142,7 +143,7 @@ bool reference_self_check() {
 }
 
 // Virtual ranks (TP > 1) or TP 1 in this one process, on GPU 0.
-int run_single_process(const Sweep& sw, const std::vector<std::string>& tps) {
+int run_single_process(const Sweep& sw, const std::vector<int>& tps) {
   const Options& o = sw.options;
   cudaStream_t s;
   SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -158,9 +159,7 @@ int run_single_process(const Sweep& sw, const std::vector<std::string>& tps) {
       for (int64_t t : sw.tokens) {
         // One problem per shape and token count: every TP and method gets the same inputs.
         Problem p = Problem::random(t, m.q, m.k, dt, order, m.eps, 2024 + t);
-        for (const auto& tps_one : tps) {
-          const int tp = std::stoi(tps_one);
-          if (m.q % tp != 0 || m.k % tp != 0) continue;
+        for (const int tp : tps) {
           for (Method method : sw.methods) {
             if (uses_nccl(method) && tp > 1) {
               // One process here: NCCL refuses several ranks on one GPU.
@@ -220,66 +219,235 @@ int spawn_ranks(int argc, char** argv, int procs) {
   return rc;
 }
 
+// Command-line checks. Each returns "" for a good value, else the sentence CLI11 prints after
+// the flag's name ("--tp: 3 is not a power of two from 1 to 32"), so a bad value fails at parse
+// time, GPU or not.
+
+bool parse_whole(const std::string& s, int64_t& v) {
+  const char* end = s.data() + s.size();
+  const auto r = std::from_chars(s.data(), end, v);
+  return r.ec == std::errc() && r.ptr == end;
+}
+
+CLI::Validator whole_number(int64_t lo, const std::string& name) {
+  return CLI::Validator(
+      [lo](std::string& s) -> std::string {
+        int64_t v = 0;
+        if (parse_whole(s, v) && v >= lo) return "";
+        return "'" + s + "' is not a whole number >= " + std::to_string(lo);
+      },
+      name);
+}
+
+// A TP degree the kernel takes: a power of two up to 32 (the group's lanes, plan.hpp).
+constexpr int kMaxTp = 32;
+CLI::Validator tp_degree() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        int64_t v = 0;
+        if (parse_whole(s, v) && v >= 1 && v <= kMaxTp && (v & (v - 1)) == 0) return "";
+        return "'" + s + "' is not a power of two from 1 to " + std::to_string(kMaxTp);
+      },
+      "{1,2,4,8,16,32}");
+}
+
+// One of `names`, or anything `parse` accepts (the dtype and method aliases).
+template <typename Parse>
+CLI::Validator one_of(const std::string& what, const std::vector<std::string>& names, Parse parse) {
+  std::string shown, listed;
+  for (const auto& n : names) {
+    shown += (shown.empty() ? "" : ",") + n;
+    listed += (listed.empty() ? "" : ", ") + n;
+  }
+  return CLI::Validator(
+      [what, listed, parse](std::string& s) -> std::string {
+        try {
+          if (parse(s)) return "";
+        } catch (const std::exception&) {
+        }
+        return "unknown " + what + " '" + s + "' (one of " + listed + ")";
+      },
+      "{" + shown + "}");
+}
+
+CLI::Validator custom_shape() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const auto c = s.find(':');
+        int64_t q = 0, k = 0;
+        if (c != std::string::npos && parse_whole(s.substr(0, c), q) &&
+            parse_whole(s.substr(c + 1), k) && q > 0 && k > 0) {
+          return "";
+        }
+        return "'" + s + "' is not Q:K with two positive whole widths";
+      },
+      "Q:K");
+}
+
+// An output file: its directory must exist now, so a long run never ends unable to write.
+CLI::Validator output_path() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        namespace fs = std::filesystem;
+        if (s.empty()) return "the path is empty";
+        const fs::path dir = fs::path(s).has_parent_path() ? fs::path(s).parent_path() : ".";
+        std::error_code ec;
+        if (!fs::is_directory(dir, ec)) return "the directory of " + s + " does not exist";
+        if (fs::is_directory(s, ec)) return s + " is a directory, not a file";
+        return "";
+      },
+      "PATH");
+}
+
+std::string describe_models() {
+  std::string out;
+  char line[160];
+  for (const Model& m : known_models()) {
+    std::snprintf(line, sizeof line, "  %-11s Q %5lld  K %5lld  %-5s order  eps %g\n",
+                  m.name.c_str(), static_cast<long long>(m.q), static_cast<long long>(m.k),
+                  to_string(m.order).c_str(), m.eps);
+    out += line;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"SwiftQK benchmark: verify and time tensor-parallel QK-RMSNorm"};
+  app.option_defaults()->always_capture_default();
+  app.footer("Models (--models; --list-models prints this):\n" + describe_models());
   Sweep sw;
   Options& o = sw.options;
-  std::string models = "olmoe,olmo2-7b,olmo2-13b,olmo3-32b,minimax-m2";
-  std::string shapes, tokens_s = "1,16,64,256,1024,4096,16384", tps = "1,2,4,8";
-  std::string dtypes = "bf16", methods = "swiftqk", rendezvous;
-  int procs = 0, rank = -1, world = 0;
+  std::vector<std::string> model_names;
+  for (const Model& m : known_models()) model_names.push_back(m.name);
+  std::vector<std::string> models = model_names, shapes, dtypes = {"bf16"};
+  std::vector<std::string> methods = {"swiftqk"};
+  std::vector<int64_t> tokens = {1, 16, 64, 256, 1024, 4096, 16384};
+  std::vector<int> tps = {1, 2, 4, 8};
+  std::string rendezvous;
+  int procs = 1, rank = -1, world = 1;
   int64_t soak = 0;
-  app.add_option("--models", models, "model shapes by name (comma separated)");
-  app.add_option("--shapes", shapes, "extra custom shapes Q:K[,Q:K...]");
-  app.add_option("--tokens", tokens_s, "token counts");
-  app.add_option("--tp", tps, "TP degrees, as virtual ranks on one GPU (single process)");
-  app.add_option("--procs", procs,
-                 "one process per rank, TP = procs, rank r on GPU r mod #GPUs (NCCL and all "
-                 "methods when there are enough GPUs; else CUDA IPC, checks only)");
-  app.add_option("--soak", soak,
-                 "soak: this many graph-replayed calls of the first model at the first --tp, "
-                 "token counts cycling, checked every 50000 calls; reports latency drift");
-  app.add_option("--dtype", dtypes, "input dtypes: bf16,f16,f32,fp8");
+  bool list_models = false;
+  // A scalar given twice takes the last value, so arguments passed after a script's own
+  // (main.sh's --json) override them.
+  auto last = [](CLI::Option* opt) {
+    return opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  };
+  const auto known_model = [](const std::string& n) {
+    return std::any_of(known_models().begin(), known_models().end(),
+                       [&](const Model& m) { return m.name == n; });
+  };
+  app.add_flag("--list-models", list_models, "print the model shapes and exit");
+  app.add_option("--models", models, "model shapes by name (comma separated)")
+      ->delimiter(',')
+      ->check(one_of("model", model_names, known_model));
+  app.add_option("--shapes", shapes, "extra custom shapes Q:K[,Q:K...]")
+      ->delimiter(',')
+      ->check(custom_shape());
+  app.add_option("--tokens", tokens, "token counts")
+      ->delimiter(',')
+      ->check(whole_number(0, "NONNEGATIVE"));
+  app.add_option("--tp", tps,
+                 "TP degrees, as virtual ranks on one GPU (single process); each must divide "
+                 "every chosen model's widths")
+      ->delimiter(',')
+      ->check(tp_degree());
+  last(app.add_option("--procs", procs,
+                      "one process per rank, TP = procs, rank r on GPU r mod #GPUs (NCCL and all "
+                      "methods when there are enough GPUs; else CUDA IPC, checks only); 1 runs "
+                      "in this process")
+           ->check(tp_degree()));
+  last(app.add_option("--soak", soak,
+                      "soak: this many graph-replayed calls of the first model at the first "
+                      "--tp, token counts cycling, checked every 50000 calls; reports latency "
+                      "drift (0: no soak)")
+           ->check(whole_number(0, "NONNEGATIVE")));
+  app.add_option("--dtype", dtypes, "input dtypes")
+      ->delimiter(',')
+      ->check(one_of("dtype", {"bf16", "f16", "f32", "fp8"}, [](const std::string& d) {
+        parse_dtype(d);
+        return true;
+      }));
   app.add_option("--methods", methods,
-                 "methods: swiftqk,minimax_fused,all_gather,comm_overlap,minimax_eager (NCCL ones "
-                 "need --procs with one GPU per rank, or TP 1)");
-  app.add_option("--order", sw.order, "norm order: model (each model's own), olmo2 or llama");
-  app.add_option("--mode", o.mode, "graph or eager")->check(CLI::IsMember({"graph", "eager"}));
-  app.add_option("--iters", o.iters, "timed repetitions (median and percentiles over these)");
-  app.add_option("--warmup", o.warmup, "untimed repetitions first");
-  app.add_option("--graph-launches", o.launches_per_graph, "launches captured per graph");
+                 "methods (the NCCL ones, all_gather, comm_overlap and minimax_eager, need "
+                 "--procs with one GPU per rank, or TP 1)")
+      ->delimiter(',')
+      ->check(one_of("method",
+                     {"swiftqk", "minimax_fused", "all_gather", "comm_overlap", "minimax_eager"},
+                     [](const std::string& m) {
+                       parse_method(m);
+                       return true;
+                     }));
+  last(app.add_option("--order", sw.order, "norm order: model (each model's own), olmo2 or llama")
+           ->check(one_of("norm order", {"model", "olmo2", "llama"}, [](const std::string& n) {
+             return n == "model" || (parse_norm_order(n), true);
+           })));
+  last(app.add_option("--mode", o.mode, "graph or eager")
+           ->check(one_of("mode", {"graph", "eager"},
+                          [](const std::string& m) { return m == "graph" || m == "eager"; })));
+  last(app.add_option("--iters", o.iters, "timed repetitions (median and percentiles over these)")
+           ->check(whole_number(1, "POSITIVE")));
+  last(app.add_option("--warmup", o.warmup, "untimed repetitions first")
+           ->check(whole_number(1, "POSITIVE")));
+  last(app.add_option("--graph-launches", o.launches_per_graph, "launches captured per graph")
+           ->check(whole_number(1, "POSITIVE")));
   app.add_flag("--pdl", o.pdl,
                "launch the fused methods with programmatic dependent launch (sm_90+): each "
                "launch may be scheduled while the one before it finishes");
-  app.add_option("--commit", o.commit, "commit recorded in the JSON");
-  app.add_option("--json", sw.json_path, "write results as a JSON array here");
-  app.add_option("--rank", rank, "internal: this process's rank (set by --procs)");
-  app.add_option("--world", world, "internal: number of rank processes");
-  app.add_option("--rendezvous", rendezvous, "internal: directory shared by the rank processes");
-  CLI11_PARSE(app, argc, argv);
-  try {  // names are checked before anything runs, GPU or not
-    for (const auto& d : split(dtypes)) sw.dtypes.push_back(parse_dtype(d));
-    for (const auto& m : split(methods)) sw.methods.push_back(parse_method(m));
-    for (const auto& t : split(tokens_s)) sw.tokens.push_back(std::stoll(t));
-    if (sw.order != "model") parse_norm_order(sw.order);
-    for (const auto& name : split(models)) {
-      auto it = std::find_if(known_models().begin(), known_models().end(),
-                             [&](const Model& m) { return m.name == name; });
-      SWIFTQK_EXPECTS(it != known_models().end(), "unknown model '" + name + "'");
-      sw.models.push_back(*it);
+  last(app.add_option("--commit", o.commit, "commit recorded in the JSON"));
+  last(app.add_option("--json", sw.json_path,
+                      "write results as a JSON array here (rewritten after every configuration)")
+           ->check(output_path()));
+  last(app.add_option("--csv", sw.csv_path, "write results as CSV here, one row a configuration")
+           ->check(output_path()));
+  last(app.add_option("--markdown", sw.markdown_path, "write results as a Markdown table here")
+           ->check(output_path()));
+  // Set by --procs for the processes it starts; hidden from --help.
+  last(app.add_option("--rank", rank, "this process's rank")
+           ->group("")
+           ->check(whole_number(0, "NONNEGATIVE")));
+  last(app.add_option("--world", world, "number of rank processes")->group("")->check(tp_degree()));
+  last(app.add_option("--rendezvous", rendezvous, "directory shared by the rank processes")
+           ->group(""));
+  try {
+    app.parse(argc, argv);
+    // What depends on several flags: every TP must split every chosen model's widths.
+    for (const auto& name : models) {
+      sw.models.push_back(*std::find_if(known_models().begin(), known_models().end(),
+                                        [&](const Model& m) { return m.name == name; }));
     }
-    for (const auto& sh : split(shapes)) {
+    for (const auto& sh : shapes) {
       const auto c = sh.find(':');
-      SWIFTQK_EXPECTS(c != std::string::npos, "a shape is Q:K, got '" + sh + "'");
       sw.models.push_back({"custom-" + sh, std::stoll(sh.substr(0, c)),
                            std::stoll(sh.substr(c + 1)), 1e-6f, NormOrder::kOlmo2});
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "swiftqk_bench: %s\n", e.what());
-    return 2;
+    const auto check_divides = [&](const char* flag, int tp) {
+      for (const Model& m : sw.models) {
+        if (m.q % tp != 0 || m.k % tp != 0) {
+          throw CLI::ValidationError(flag, std::to_string(tp) + " does not divide the widths of " +
+                                               m.name + " (Q " + std::to_string(m.q) + ", K " +
+                                               std::to_string(m.k) + ")");
+        }
+      }
+    };
+    for (int tp : tps) check_divides("--tp", tp);
+    check_divides("--procs", procs);
+    if (rank >= world) {
+      throw CLI::ValidationError(
+          "--rank", std::to_string(rank) + " is not below --world " + std::to_string(world));
+    }
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   }
+  if (list_models) {
+    std::printf("%s", describe_models().c_str());
+    return 0;
+  }
+  for (const auto& d : dtypes) sw.dtypes.push_back(parse_dtype(d));
+  for (const auto& m : methods) sw.methods.push_back(parse_method(m));
+  sw.tokens = tokens;
+  if (sw.order != "model") sw.order = to_string(parse_norm_order(sw.order));
 
   if (!has_gpu()) {
     std::printf(
@@ -290,8 +458,8 @@ int main(int argc, char** argv) {
   try {
     if (rank >= 0) return run_rank(sw, rank, world, rendezvous);
     if (procs > 1) return spawn_ranks(argc, argv, procs);
-    if (soak > 0) return run_soak(sw, std::stoi(split(tps).at(0)), soak);
-    return run_single_process(sw, split(tps));
+    if (soak > 0) return run_soak(sw, tps.at(0), soak);
+    return run_single_process(sw, tps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "swiftqk_bench: %s\n", e.what());
     return 3;

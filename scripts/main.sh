@@ -2,21 +2,25 @@
 # The main job: set up, build, then verify and time SwiftQK on the GPUs present (TP > 1 as
 # virtual ranks on one GPU; with several GPUs also one process per GPU against the baselines).
 # Without a GPU it says so and runs the float64 reference self-check.
-# Extra arguments go to the benchmark. Results: results/latest.json (latest_procs.json with
-# several GPUs, latest_torch.json when PyTorch is there; on an H200 compare_baseline.md, the run
-# against bench/baselines/h200.json), in the git-ignored folder results/.
+# Extra arguments go to the benchmark on every machine (a bad one stops it with a message).
+# Results: results/latest.json (latest_procs.json with several GPUs, latest_torch.json when
+# PyTorch is there; on an H200 compare_baseline.md, the run against bench/baselines/h200.json),
+# in the git-ignored folder results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if [ -z "$(nvidia-smi -L 2>/dev/null)" ]; then
   echo "main.sh: no NVIDIA GPU on this machine; GPU tests and timings cannot run here."
-  exec ./build/bench/swiftqk_bench
+  # The arguments still go to the benchmark, which checks them before its reference self-check.
+  exec ./build/bench/swiftqk_bench "$@"
 fi
 # NCCL may come only with PyTorch's wheels on GPU machines.
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null || true)
 [ -n "$nccl" ] && export LD_LIBRARY_PATH="$nccl:${LD_LIBRARY_PATH:-}"
 commit=$(git rev-parse HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)
 mkdir -p results
+# The arguments are checked (and the run stops on a bad one) before the GPU tests take minutes.
+./build/bench/swiftqk_bench "$@" --list-models >/dev/null
 ./build/tests/swiftqk_gpu_tests --gtest_brief=1
 ./build/bench/swiftqk_bench --commit "$commit" --json results/latest.json "$@"
 # Virtual ranks against their own TP 1: the scaling targets, counted (docs/performance.md).

@@ -1,11 +1,13 @@
-// PyTorch binding: the schema-registered custom op torch.ops.swiftqk.qk_norm (CUDA kernel and a
-// Meta kernel, so torch.compile traces it) and the communicator classes for Python.
+// PyTorch binding: the schema-registered custom op torch.ops.swiftqk.qk_norm (its CUDA kernel;
+// the fake kernel that checks shapes, dtypes and devices for torch.compile and meta tensors is
+// registered in Python, swiftqk/ops.py) and the communicator classes for Python.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <memory>
 #include <mutex>
@@ -131,11 +133,6 @@ void qk_norm_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_
   }
 }
 
-// Outputs are mutated in place: nothing to compute, shapes are the inputs'.
-void qk_norm_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                  at::Tensor&, at::Tensor&, int64_t, int64_t, int64_t, double, int64_t, int64_t,
-                  double, double, bool) {}
-
 template <typename F>
 auto translate(F f) {
   try {
@@ -156,16 +153,35 @@ swiftqk::CommConfig config_of(int64_t capacity, double timeout_s, int sm_budget)
 }  // namespace
 
 TORCH_LIBRARY(swiftqk, m) {
+  // The fake kernel lives in this Python module; torch imports it when it needs the fake and
+  // checks that the registration came from there.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  m.set_python_module("swiftqk.ops");
+#else
+  m.impl_abstract_pystub("swiftqk.ops");
+#endif
   m.def(
       "qk_norm(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, Tensor(a!) q_out, "
       "Tensor(b!) k_out, int comm, int q_full_width, int k_full_width, float eps, int order, "
       "int method, float q_scale=1.0, float k_scale=1.0, bool pdl=False) -> ()");
 }
 TORCH_LIBRARY_IMPL(swiftqk, CUDA, m) { m.impl("qk_norm", &qk_norm_cuda); }
-TORCH_LIBRARY_IMPL(swiftqk, Meta, m) { m.impl("qk_norm", &qk_norm_meta); }
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "SwiftQK: tensor-parallel QK-RMSNorm (communicators; the op is torch.ops.swiftqk)";
+  // The torch this module was built against (python/CMakeLists.txt); swiftqk refuses to load it
+  // under another.
+  m.attr("TORCH_VERSION") = SWIFTQK_TORCH_VERSION;
+  // The op's int arguments, named as the C++ enums name them, so Python never copies the values.
+  py::dict orders, fused_methods;
+  for (const auto o : {swiftqk::NormOrder::kOlmo2, swiftqk::NormOrder::kLlama}) {
+    orders[py::str(swiftqk::to_string(o))] = static_cast<int>(o);
+  }
+  for (const auto f : {swiftqk::Method::kSwiftQK, swiftqk::Method::kMiniMaxFused}) {
+    fused_methods[py::str(swiftqk::to_string(f))] = static_cast<int>(f);
+  }
+  m.attr("ORDERS") = orders;
+  m.attr("FUSED_METHODS") = fused_methods;
   py::class_<PyCommunicator>(m, "Communicator")
       .def_property_readonly("rank", [](PyCommunicator& c) { return c.get().rank(); })
       .def_property_readonly("world_size", [](PyCommunicator& c) { return c.get().world_size(); })
@@ -182,7 +198,15 @@ PYBIND11_MODULE(_C, m) {
              translate([&] { c.get().synchronize(reinterpret_cast<cudaStream_t>(stream)); });
            })
       .def("failure", [](PyCommunicator& c) { return c.get().failure().describe(); })
-      .def("reset", [](PyCommunicator& c) { translate([&] { c.get().reset(); }); });
+      .def("reset", [](PyCommunicator& c) { translate([&] { c.get().reset(); }); })
+      .def("close", [](PyCommunicator& c) { translate([&] { c.get().close(); }); })
+      .def_property_readonly("closed", [](PyCommunicator& c) { return c.get().closed(); })
+      .def_property_readonly("failure_code",
+                             [](PyCommunicator& c) { return c.get().failure().code; })
+      .def_property_readonly("sm_budget",
+                             [](PyCommunicator& c) { return c.get().config().sm_budget; })
+      .def_property_readonly("timeout_s",
+                             [](PyCommunicator& c) { return c.get().config().timeout_s; });
 
   py::class_<swiftqk::IpcBootstrap>(m, "IpcBootstrap")
       .def(py::init([](int rank, int world, int device, int64_t capacity, double timeout_s,

@@ -6,24 +6,35 @@
     q, k = norm(q_shard, k_shard)                           # views of a fused QKV output allowed
 
 The op itself is ``torch.ops.swiftqk.qk_norm`` (schema-registered, mutates its two outputs, has a
-Meta kernel): it works eagerly, under CUDA-graph capture and inside ``torch.compile``.
+fake kernel that checks shapes, dtypes and devices): it works eagerly, under CUDA-graph capture
+and inside ``torch.compile``.
 """
 
-import torch  # noqa: F401  (loads libtorch, which the extension links against)
+from ._version import __version__
 
-from . import _C  # noqa: F401  (registers torch.ops.swiftqk and the communicator classes)
-from ._C import Communicator, IpcBootstrap, create_local_group
-from .distributed import FallbackCommunicator, communicator_from_group
-from .module import METHODS, TPQKNorm
-from .ops import ORDERS, qk_norm, qk_norm_
+try:
+    import torch  # noqa: F401  (loads libtorch, which the extension links against)
+except ModuleNotFoundError as e:
+    raise ImportError("swiftqk needs PyTorch, which is not installed here.") from e
+
+from ._extension import load as _load
+
+_C = _load()  # registers torch.ops.swiftqk and the communicator classes
+
+from ._C import Communicator, IpcBootstrap, create_local_group  # noqa: E402
+from .distributed import FallbackCommunicator, communicator_from_group  # noqa: E402
+from .module import METHODS, TPQKNorm  # noqa: E402
+from .ops import FUSED_METHODS, ORDERS, qk_norm, qk_norm_  # noqa: E402
 
 __all__ = [
     "Communicator",
+    "FUSED_METHODS",
     "FallbackCommunicator",
     "IpcBootstrap",
     "METHODS",
     "ORDERS",
     "TPQKNorm",
+    "__version__",
     "communicator_from_group",
     "create_local_group",
     "qk_norm",

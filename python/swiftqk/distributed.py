@@ -20,6 +20,17 @@ class FallbackCommunicator:
     def __init__(self, group, rank: int, world_size: int, device: int, reason: str):
         self.group, self.rank, self.world_size, self.device = group, rank, world_size, device
         self.reason = reason
+        self._closed = False
+
+    def close(self) -> None:
+        """Same call as swiftqk.Communicator.close(), so callers need not tell the two apart.
+        It holds no device memory and no peer mappings (the process group is the caller's), so
+        closing only marks it closed; closing twice is fine."""
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
 
 def communicator_from_group(group: Optional[dist.ProcessGroup] = None,

@@ -1,15 +1,65 @@
-"""Thin Python front of torch.ops.swiftqk.qk_norm."""
+"""Thin Python front of torch.ops.swiftqk.qk_norm, and its fake kernel."""
 
 from typing import Optional, Tuple
 
 import torch
 
-ORDERS = {"olmo2": 0, "llama": 1}
-FUSED_METHODS = {"swiftqk": 0, "minimax_fused": 1}
+from . import _C
+
+# The op's int codes, as the C++ enums define them (swiftqk/types.hpp, exposed by _C).
+ORDERS = dict(_C.ORDERS)
+FUSED_METHODS = dict(_C.FUSED_METHODS)
+
+_IN_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 
 
 def _out_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.bfloat16 if t.dtype == torch.float8_e4m3fn else t.dtype
+
+
+def _check_shard(name, x, weight, out):
+    """shard_of's checks (python/csrc/swiftqk_torch.cpp), with its messages."""
+    torch._check(x.dim() == 2 and out.dim() == 2, lambda: (
+        f"swiftqk.qk_norm: {name} and its output must be 2-D [tokens, local width]"))
+    torch._check(x.shape == out.shape, lambda: (
+        f"swiftqk.qk_norm: {name} is {list(x.shape)} but its output is {list(out.shape)}"))
+    torch._check(x.shape[0] == 0 or (x.stride(1) == 1 and out.stride(1) == 1), lambda: (
+        f"swiftqk.qk_norm: {name} rows must be contiguous (stride 1 along the width)"))
+    torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[1] and weight.is_contiguous(),
+                 lambda: (f"swiftqk.qk_norm: {name}_weight must be a contiguous [{x.shape[1]}] "
+                          "shard of the norm weight"))
+    # Meta tensors stand in for CUDA ones (shape-only tracing); any other device is refused as
+    # the CUDA kernel would refuse it.
+    torch._check(x.device.type in ("cuda", "meta") and out.device == x.device
+                 and weight.device == x.device, lambda: (
+                     f"swiftqk.qk_norm: {name}, its weight and output must be on one CUDA device"))
+
+
+def _qk_norm_fake(q, k, q_weight, k_weight, q_out, k_out, comm, q_full_width, k_full_width, eps,
+                  order, method, q_scale=1.0, k_scale=1.0, pdl=False):
+    """What qk_norm_cuda checks before it launches, short of the communicator (an int handle
+    here): the same conditions, the same messages, raised as the same RuntimeError. The outputs
+    are written in place, so there is nothing to return."""
+    if q.dim() >= 1 and k.dim() >= 1:  # otherwise the 2-D check below names the tensor
+        torch._check(q.shape[0] == k.shape[0], lambda: (
+            f"swiftqk.qk_norm: q has {q.shape[0]} tokens, k {k.shape[0]}"))
+    for name, t in (("q", q), ("k", k)):
+        torch._check(t.dtype in _IN_DTYPES, lambda: (
+            f"swiftqk.qk_norm: {name} has dtype {t.dtype}; expected float32, float16, bfloat16 "
+            "or float8_e4m3fn"))
+    torch._check(k.dtype == q.dtype, lambda: "swiftqk.qk_norm: q and k dtypes differ")
+    out_t = _out_dtype(q)
+    torch._check(all(t.dtype == out_t for t in (q_out, k_out, q_weight, k_weight)), lambda: (
+        f"swiftqk.qk_norm: outputs and weights must be {out_t}"))
+    torch._check(order in ORDERS.values(), lambda: (
+        "swiftqk.qk_norm: order must be 0 (olmo2) or 1 (llama)"))
+    _check_shard("q", q, q_weight, q_out)
+    _check_shard("k", k, k_weight, k_out)
+
+
+# register_fake is torch 2.4's name; impl_abstract is the same registration in older releases.
+_register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
+_register_fake("swiftqk::qk_norm")(_qk_norm_fake)
 
 
 def qk_norm_(
@@ -37,6 +87,10 @@ def qk_norm_(
     while the previous kernel on the stream finishes, and waits for it before reading anything.
     Ignored unless both the GPU and the extension's build are sm_90 or later.
     """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
+    if method not in FUSED_METHODS:
+        raise ValueError(f"method must be one of {sorted(FUSED_METHODS)}, got {method!r}")
     q_out = q if q_out is None else q_out
     k_out = k if k_out is None else k_out
     torch.ops.swiftqk.qk_norm(

@@ -1,0 +1,121 @@
+"""swiftqk_bench's command line, run as a user would: every bad value exits non-zero at parse
+time with one line naming the flag and the value, on a machine with or without a GPU; --help
+shows the defaults and the model names and hides the internal flags."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def _bench():
+    path = os.environ.get("SWIFTQK_BENCH") or os.path.join(ROOT, "build", "bench", "swiftqk_bench")
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"swiftqk_bench is not built at {path} (build it, or set SWIFTQK_BENCH)")
+    return path
+
+
+def _run(*args):
+    return subprocess.run([_bench(), *args], capture_output=True, text=True, timeout=60)
+
+
+# (arguments, the flag and the value the message must name)
+BAD = [
+    (["--tp", "3"], "--tp", "3"),
+    (["--tp", "0"], "--tp", "0"),
+    (["--tp", "64"], "--tp", "64"),
+    (["--tp", "1,x"], "--tp", "x"),
+    (["--tokens", "-1"], "--tokens", "-1"),
+    (["--tokens", "abc"], "--tokens", "abc"),
+    (["--tokens", "16,1.5"], "--tokens", "1.5"),
+    (["--iters", "-5"], "--iters", "-5"),
+    (["--iters", "0"], "--iters", "0"),
+    (["--warmup", "0"], "--warmup", "0"),
+    (["--graph-launches", "0"], "--graph-launches", "0"),
+    (["--procs", "0"], "--procs", "0"),
+    (["--procs", "3"], "--procs", "3"),
+    (["--soak", "-1"], "--soak", "-1"),
+    (["--models", "olmo9"], "--models", "olmo9"),
+    (["--dtype", "int8"], "--dtype", "int8"),
+    (["--methods", "swiftqk,nope"], "--methods", "nope"),
+    (["--mode", "lazy"], "--mode", "lazy"),
+    (["--order", "gpt"], "--order", "gpt"),
+    (["--shapes", "100"], "--shapes", "100"),
+    (["--shapes", "0:64"], "--shapes", "0:64"),
+    (["--models", "olmoe", "--shapes", "96:48", "--tp", "1,32"], "--tp", "32"),
+    (["--shapes", "96:48", "--procs", "32"], "--procs", "32"),
+    (["--json", "/nonexistent/x.json"], "--json", "/nonexistent/x.json"),
+    (["--csv", "/nonexistent/x.csv"], "--csv", "/nonexistent/x.csv"),
+    (["--markdown", "/nonexistent/x.md"], "--markdown", "/nonexistent/x.md"),
+]
+
+
+@pytest.mark.parametrize("args,flag,value", BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_bad_argument_exits_nonzero_naming_flag_and_value(args, flag, value):
+    r = _run(*args)
+    assert r.returncode != 0, f"{args} exited 0:\n{r.stdout}{r.stderr}"
+    first = r.stderr.strip().splitlines()[0]
+    assert first.startswith(flag + ":"), r.stderr
+    assert value in first, r.stderr
+    assert "stoll" not in r.stderr and "stoi" not in r.stderr
+    # Refused at parse time: nothing ran, not even the no-GPU self-check.
+    assert "self-check" not in r.stdout and "configurations" not in r.stdout
+
+
+def test_json_directory_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("")
+    r = _run("--json", str(tmp_path / "f" / "x.json"))
+    assert r.returncode != 0 and r.stderr.startswith("--json:")
+
+
+def test_help_shows_defaults_and_models_and_hides_internal_flags():
+    r = _run("--help")
+    assert r.returncode == 0
+    for name in ("olmoe", "olmo2-7b", "olmo2-13b", "olmo3-32b", "minimax-m2"):
+        assert name in r.stdout
+    # The defaults (CLI11 writes "=200" or "[200]", depending on its version).
+    assert "1,16,64,256,1024,4096,16384" in r.stdout  # --tokens
+    iters = next(line for line in r.stdout.splitlines() if "--iters" in line)
+    assert "200" in iters
+    for flag in ("--csv", "--markdown", "--json", "--list-models"):
+        assert flag in r.stdout
+    for hidden in ("--rank", "--world", "--rendezvous"):
+        assert hidden not in r.stdout
+
+
+def test_list_models_prints_each_shape():
+    r = _run("--list-models")
+    assert r.returncode == 0
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 5
+    assert lines[0].split()[0] == "olmoe" and "Q  2048" in lines[0] and "llama" in lines[0]
+
+
+def test_good_arguments_pass_the_parser():
+    # --list-models exits after the arguments are checked, whatever the machine.
+    r = _run("--models", "olmo2-13b,minimax-m2", "--tokens", "0,64", "--tp", "1,8,32",
+             "--shapes", "4096:1024", "--dtype", "bf16,fp8", "--methods", "swiftqk,all_gather",
+             "--iters", "3", "--warmup", "1", "--procs", "2", "--order", "llama",
+             "--list-models")
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_scalar_given_twice_takes_the_last_value_and_checks_both():
+    # main.sh passes its own --json first; the user's, after it, wins instead of an error.
+    r = _run("--iters", "5", "--iters", "7", "--list-models")
+    assert r.returncode == 0, r.stderr
+    r = _run("--json", "/nonexistent/x.json", "--json", os.path.join(ROOT, "x.json"),
+             "--list-models")
+    assert r.returncode != 0 and r.stderr.startswith("--json:")
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None
+                    and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0,
+                    reason="a GPU is present: valid arguments would start the real benchmark")
+def test_without_a_gpu_valid_arguments_run_the_self_check_and_exit_0():
+    r = _run("--tp", "1,2", "--tokens", "16")
+    assert r.returncode == 0, r.stderr
+    assert "no CUDA GPU" in r.stdout and "ok" in r.stdout

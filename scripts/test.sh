@@ -6,6 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)"
+# ctest lists skipped tests without their reason; gtest prints it under "<file>:<line>: Skipped".
+log=build/Testing/Temporary/LastTest.log
+if grep -q ': Skipped$' "$log" 2>/dev/null; then
+  echo "skipped tests, by reason:"
+  grep -A1 ': Skipped$' "$log" | grep -v -e ': Skipped$' -e '^--$' | sort | uniq -c | sort -rn
+fi
 if python3 -c 'import pytest' 2>/dev/null; then
   python3 -m pytest -q tests/python
 else

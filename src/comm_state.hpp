@@ -21,6 +21,15 @@ struct DeviceAllocations {
   void* allocate(int device, std::size_t bytes);
 };
 
+struct CommState;
+
+/// The ranks of a group that one process drives alone (create_local_group): with no peer in
+/// another process or thread, a reset or close can quiesce every rank itself.
+struct LocalGroup {
+  std::mutex mu;
+  std::vector<CommState*> members;  // live states (addresses stable: each is heap-owned)
+};
+
 struct CommState {
   int rank = 0;
   int world = 1;
@@ -36,16 +45,22 @@ struct CommState {
   FailureRecord* d_failure = nullptr;
   FailureRecord* h_failure = nullptr;      // host-mapped, pinned
   FailureRecord* h_failure_dev = nullptr;  // its device alias
-  uint32_t probe_round = 0;
+  uint32_t probe_round = 0;   // every rank counts its collective rounds (probe, reset, close) alike
   int* d_probe_ok = nullptr;  // preallocated: a cudaMalloc during a peer's probe could stall it
   int* h_probe_ok = nullptr;  // pinned
+  uint32_t* h_owner = nullptr;        // pinned: a copy of CallState::owner (quiesce)
+  cudaStream_t ctl_stream = nullptr;  // non-blocking: barriers, clears and copies of reset/close
+  std::shared_ptr<LocalGroup> local_group;  // set for create_local_group's ranks
+  int ranks_on_device = 1;                  // ranks of the group on this GPU driven by this process
+  bool closed = false;
 
   // NCCL baselines (src/nccl_baselines.cu).
   ncclComm_t nccl = nullptr;  // from from_nccl; not owned: it must outlive this communicator
   bool p2p = true;            // false: fused-kernel launches take the NCCL all-reduce path instead
   void* scratch = nullptr;    // grown outside capture; [send | recv | full rows | ones | stats]
   std::size_t scratch_bytes = 0;
-  int64_t ones_elems = 0;  // leading elements of the ones weight, in ones_dtype
+  std::vector<void*> retired_scratch;  // outgrown scratch a captured graph may still use
+  int64_t ones_elems = 0;              // leading elements of the ones weight, in ones_dtype
   DType ones_dtype = DType::kF32;
   cudaStream_t side_stream = nullptr;    // Comm-Overlap's all-gathers
   std::vector<cudaEvent_t> side_events;  // fork/join and per-chunk events
@@ -62,6 +77,18 @@ struct CommState {
   CommState& operator=(const CommState&) = delete;
   ~CommState();
 
+  /// Frees everything this rank owns (idempotent); its workspace goes with the last rank of the
+  /// allocations. The caller has made sure no peer can still write into it.
+  void release();
+  /// Waits, bounded by about twice timeout_s, until this rank's kernels have finished: the last
+  /// eager launch, and whatever kernel still owns the rank (CallState::owner).
+  void quiesce();
+  /// A bounded barrier over the group (every rank's probe word carries the round): throws naming
+  /// the first rank that did not arrive, for `what` ("reset", "close").
+  void barrier(const char* what);
+  /// Clears this rank's slots, fault word, Lamport buffers, counters and failure record.
+  void clear_exchange_state();
+
   /// Allocates the workspace (zeroed), counters and failure words on `device`.
   void allocate_local();
   /// Uploads `peers` to the device table.
@@ -69,6 +96,10 @@ struct CommState {
   /// Checks and records the stream of a new launch (throws on a second call in flight);
   /// `capturing`: the stream is being captured into a graph (stream_capturing).
   void begin_launch(cudaStream_t stream, bool capturing);
+  /// Launches a probe round on `stream` that waits up to timeout_s for every peer (no
+  /// synchronisation); *h_probe_ok reads 1 once it has finished if every peer's word arrived,
+  /// else -(missing rank + 1).
+  void launch_probe(cudaStream_t stream, double timeout_s);
   void end_launch(cudaStream_t stream, bool capturing);
   RankArgs rank_args() const;
 };

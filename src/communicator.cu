@@ -2,12 +2,14 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "comm_state.hpp"
 #include "kernels/exchange.cuh"
@@ -47,30 +49,65 @@ __global__ void fill_lamport_empty(uint32_t* p, std::size_t words) {
   }
 }
 
-void mark_lamport_empty(uint8_t* ws, int world, int64_t capacity) {
+__global__ void probe_kernel(uint8_t* const* peers, uint8_t* local, int rank, int world,
+                             std::size_t probe_off, uint64_t round, uint64_t timeout_ns, int* ok);
+
+// On `stream`, synchronised: a device-wide synchronisation here would wait for a peer thread's
+// barrier kernel on the same GPU, which waits for this rank.
+void mark_lamport_empty(uint8_t* ws, int world, int64_t capacity, cudaStream_t stream) {
   const std::size_t off = lamport_offset(world, capacity);
   const std::size_t words = (workspace_bytes(world, capacity) - off) / 4;
-  fill_lamport_empty<<<256, 256>>>(reinterpret_cast<uint32_t*>(ws + off), words);
+  fill_lamport_empty<<<256, 256, 0, stream>>>(reinterpret_cast<uint32_t*>(ws + off), words);
   SWIFTQK_CUDA_TRY(cudaGetLastError());
-  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
 }
 
-CommState::~CommState() {
+CommState::~CommState() { release(); }
+
+// Destruction paths report nothing: there is no caller left to tell.
+void CommState::release() {
+  if (local_group) {
+    std::lock_guard<std::mutex> lock(local_group->mu);
+    auto& m = local_group->members;
+    m.erase(std::remove(m.begin(), m.end(), this), m.end());
+  }
+  local_group.reset();
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
   for (void* p : ipc_opened) cudaIpcCloseMemHandle(p);
-  if (d_peers) cudaFree(d_peers);
-  if (d_state) cudaFree(d_state);
-  if (d_failure) cudaFree(d_failure);
-  if (d_probe_ok) cudaFree(d_probe_ok);
-  if (h_probe_ok) cudaFreeHost(h_probe_ok);
-  if (h_failure) cudaFreeHost(h_failure);
+  ipc_opened.clear();
+  auto free_device = [](auto*& p) {
+    if (p) cudaFree(p);
+    p = nullptr;
+  };
+  auto free_host = [](auto*& p) {
+    if (p) cudaFreeHost(p);
+    p = nullptr;
+  };
+  free_device(d_peers);
+  free_device(d_state);
+  free_device(d_failure);
+  free_device(d_probe_ok);
+  free_host(h_probe_ok);
+  free_host(h_owner);
+  free_host(h_failure);
   if (last_done) cudaEventDestroy(last_done);
+  last_done = nullptr;
   if (scratch) cudaFree(scratch);
+  scratch = nullptr;
+  for (void* p : retired_scratch) cudaFree(p);
+  retired_scratch.clear();
   for (cudaEvent_t e : side_events) cudaEventDestroy(e);
+  side_events.clear();
   if (side_stream) cudaStreamDestroy(side_stream);
+  side_stream = nullptr;
+  if (ctl_stream) cudaStreamDestroy(ctl_stream);
+  ctl_stream = nullptr;
+  solo.reset();
   cudaSetDevice(prev);
+  allocations.reset();  // the workspace, once no rank of the allocations is left
+  local_ws = nullptr;
 }
 
 void CommState::allocate_local() {
@@ -79,15 +116,13 @@ void CommState::allocate_local() {
       "TP degree must be in [1, " + std::to_string(kMaxWorld) + "], got " + std::to_string(world));
   SWIFTQK_EXPECTS(rank >= 0 && rank < world, "rank " + std::to_string(rank) + " is outside [0, " +
                                                  std::to_string(world) + ")");
-  SWIFTQK_EXPECTS(config.token_capacity >= 1 && config.token_capacity <= (int64_t{1} << 31),
-                  "CommConfig.token_capacity must be in [1, 2^31]");
-  SWIFTQK_EXPECTS(config.timeout_s > 0.0, "CommConfig.timeout_s must be > 0");
-  SWIFTQK_EXPECTS(config.sm_budget >= 0, "CommConfig.sm_budget must be >= 0 (0 = all SMs)");
+  validate_config(config);
   DeviceGuard guard(device);
   if (!allocations) allocations = std::make_shared<DeviceAllocations>();
+  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&ctl_stream, cudaStreamNonBlocking));
   local_ws = static_cast<uint8_t*>(
       allocations->allocate(device, workspace_bytes(world, config.token_capacity)));
-  mark_lamport_empty(local_ws, world, config.token_capacity);
+  mark_lamport_empty(local_ws, world, config.token_capacity, ctl_stream);
   SWIFTQK_CUDA_TRY(cudaMalloc(&d_state, sizeof(CallState)));
   SWIFTQK_CUDA_TRY(cudaMemset(d_state, 0, sizeof(CallState)));
   SWIFTQK_CUDA_TRY(cudaMalloc(&d_failure, sizeof(FailureRecord)));
@@ -100,6 +135,7 @@ void CommState::allocate_local() {
   SWIFTQK_CUDA_TRY(cudaMalloc(&d_peers, sizeof(uint8_t*) * world));
   SWIFTQK_CUDA_TRY(cudaMalloc(&d_probe_ok, sizeof(int)));
   SWIFTQK_CUDA_TRY(cudaMallocHost(&h_probe_ok, sizeof(int)));
+  SWIFTQK_CUDA_TRY(cudaMallocHost(&h_owner, sizeof(uint32_t)));
   SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&last_done, cudaEventDisableTiming));
 }
 
@@ -131,10 +167,78 @@ void CommState::begin_launch(cudaStream_t stream, bool capturing) {
   }
 }
 
+// A capture records nothing: an eager launch still in flight stays the one a launch from
+// another stream must wait for.
 void CommState::end_launch(cudaStream_t stream, bool capturing) {
-  if (!capturing) SWIFTQK_CUDA_TRY(cudaEventRecord(last_done, stream));
+  if (capturing) return;
+  SWIFTQK_CUDA_TRY(cudaEventRecord(last_done, stream));
   last_stream = stream;
-  has_last = !capturing;
+  has_last = true;
+}
+
+void CommState::quiesce() {
+  DeviceGuard guard(device);
+  if (has_last) SWIFTQK_CUDA_TRY(cudaEventSynchronize(last_done));
+  if (world == 1) return;  // a group of one has no owner word in use
+  // A kernel's waits are bounded by timeout_s, so whichever kernel still owns the rank ends
+  // within about that long after its last wait began. After a failure the owner half may stay
+  // set for good (a second kernel's claim, a block that never came: the rank stays claimed until
+  // the clear), so then the wait is only that bound.
+  const double bound = 2.0 * config.timeout_s + 1.0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(bound);
+  for (;;) {
+    SWIFTQK_CUDA_TRY(cudaMemcpyAsync(h_owner, &d_state->owner, sizeof(uint32_t),
+                                     cudaMemcpyDeviceToHost, ctl_stream));
+    SWIFTQK_CUDA_TRY(cudaStreamSynchronize(ctl_stream));
+    if (*h_owner == 0u) return;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      SWIFTQK_EXPECTS(h_failure->code != 0u, "communicator rank " + std::to_string(rank) +
+                                                 ": a kernel of this communicator is still "
+                                                 "running " +
+                                                 std::to_string(bound) + " s later");
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void CommState::launch_probe(cudaStream_t stream, double timeout_s) {
+  *h_probe_ok = 1;
+  SWIFTQK_CUDA_TRY(
+      cudaMemcpyAsync(d_probe_ok, h_probe_ok, sizeof(int), cudaMemcpyHostToDevice, stream));
+  const uint64_t round = ++probe_round;
+  probe_kernel<<<1, 32, 0, stream>>>(d_peers, local_ws, rank, world,
+                                     probe_offset(world, config.token_capacity), round,
+                                     static_cast<uint64_t>(timeout_s * 1e9), d_probe_ok);
+  SWIFTQK_CUDA_TRY(cudaGetLastError());
+  SWIFTQK_CUDA_TRY(
+      cudaMemcpyAsync(h_probe_ok, d_probe_ok, sizeof(int), cudaMemcpyDeviceToHost, stream));
+}
+
+void CommState::barrier(const char* what) {
+  if (world == 1 || !p2p) return;  // no peer writes into this rank's memory
+  DeviceGuard guard(device);
+  // A peer may first have to wait out its own last kernel (quiesce's bound) before it arrives.
+  const double bound = 2.0 * config.timeout_s + 1.0;
+  launch_probe(ctl_stream, bound);
+  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(ctl_stream));
+  const int ok = *h_probe_ok;
+  SWIFTQK_EXPECTS(ok == 1, std::string(what) + ": communicator rank " + std::to_string(rank) +
+                               ": rank " + std::to_string(-ok - 1) + " did not reach the " + what +
+                               " barrier within " + std::to_string(bound) +
+                               " s (every rank of the group must call " + what + ")");
+}
+
+void CommState::clear_exchange_state() {
+  DeviceGuard guard(device);
+  const int64_t cap = config.token_capacity;
+  SWIFTQK_CUDA_TRY(cudaMemsetAsync(local_ws, 0, probe_offset(world, cap), ctl_stream));
+  SWIFTQK_CUDA_TRY(cudaMemsetAsync(local_ws + fault_offset(world, cap), 0, 8, ctl_stream));
+  SWIFTQK_CUDA_TRY(cudaMemsetAsync(d_state, 0, sizeof(CallState), ctl_stream));
+  SWIFTQK_CUDA_TRY(cudaMemsetAsync(d_failure, 0, sizeof(FailureRecord), ctl_stream));
+  mark_lamport_empty(local_ws, world, cap, ctl_stream);  // synchronises ctl_stream
+  std::memset(h_failure, 0, sizeof(FailureRecord));
+  has_last = false;
 }
 
 RankArgs CommState::rank_args() const {
@@ -148,8 +252,9 @@ RankArgs CommState::rank_args() const {
   return r;
 }
 
-// P2P write test: thread j writes `round` into peer j's probe word for this rank, then every
-// thread waits for peer j's word in the local workspace.
+// P2P write test and barrier: thread j writes `round` into peer j's probe word for this rank,
+// then every thread waits for peer j's word in the local workspace; *ok becomes -(j + 1) for a
+// peer j whose word did not arrive.
 __global__ void probe_kernel(uint8_t* const* peers, uint8_t* local, int rank, int world,
                              std::size_t probe_off, uint64_t round, uint64_t timeout_ns, int* ok) {
   const int j = threadIdx.x;
@@ -166,7 +271,7 @@ __global__ void probe_kernel(uint8_t* const* peers, uint8_t* local, int rank, in
     arrived = v == round;
     if (!arrived && global_timer_ns() - start > timeout_ns) break;
   }
-  if (!arrived) atomicExch(ok, 0);
+  if (!arrived) atomicExch(ok, -(j + 1));
 }
 
 }  // namespace detail
@@ -176,8 +281,57 @@ using detail::DeviceGuard;
 
 Communicator::Communicator(std::unique_ptr<CommState> state) : state_(std::move(state)) {}
 Communicator::Communicator(Communicator&&) noexcept = default;
-Communicator& Communicator::operator=(Communicator&&) noexcept = default;
-Communicator::~Communicator() = default;
+Communicator& Communicator::operator=(Communicator&& other) noexcept {
+  if (this != &other) {
+    close_quietly();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+Communicator::~Communicator() { close_quietly(); }
+
+void Communicator::close_quietly() noexcept {
+  if (!state_ || state_->closed) return;
+  try {
+    close();
+  } catch (const std::exception& e) {  // a destructor has no caller to tell
+    std::fprintf(stderr, "swiftqk: %s\n", e.what());
+  }
+}
+
+bool Communicator::closed() const { return state_->closed; }
+
+void Communicator::close() {
+  if (!state_ || state_->closed) return;
+  CommState& s = *state_;
+  if (s.local_group) {  // every rank is this process's: once its GPU is idle, nobody writes
+    DeviceGuard guard(s.device);
+    const cudaError_t e = cudaDeviceSynchronize();
+    s.closed = true;
+    s.release();
+    SWIFTQK_CUDA_TRY(e);
+    return;
+  }
+  try {
+    s.quiesce();
+    s.barrier("close");
+  } catch (const Error& e) {
+    // A peer may still write into this workspace: keep it allocated, unused, for good.
+    static auto* kept = new std::vector<std::shared_ptr<detail::DeviceAllocations>>();
+    static std::mutex kept_mu;
+    {
+      std::lock_guard<std::mutex> lock(kept_mu);
+      kept->push_back(std::move(s.allocations));
+    }
+    s.closed = true;
+    s.release();
+    SWIFTQK_FAIL(std::string(e.what()) +
+                 "; its workspace stays allocated, so that a late peer's writes land in memory "
+                 "nothing else uses");
+  }
+  s.closed = true;
+  s.release();
+}
 
 int Communicator::rank() const { return state_->rank; }
 int Communicator::world_size() const { return state_->world; }
@@ -190,6 +344,7 @@ const detail::CommState& Communicator::state() const { return *state_; }
 DeviceFailure Communicator::failure() const {
   const volatile detail::FailureRecord* h = state_->h_failure;
   DeviceFailure f;
+  if (h == nullptr) return f;  // closed
   f.code = h->code;
   if (f.code == 0) return f;
   f.rank = h->rank;
@@ -213,33 +368,36 @@ void Communicator::synchronize(cudaStream_t stream) const {
 
 void Communicator::reset() {
   CommState& s = *state_;
-  DeviceGuard guard(s.device);
-  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
-  SWIFTQK_CUDA_TRY(cudaMemset(s.local_ws, 0, probe_offset(s.world, s.config.token_capacity)));
-  detail::mark_lamport_empty(s.local_ws, s.world, s.config.token_capacity);
-  SWIFTQK_CUDA_TRY(cudaMemset(s.d_state, 0, sizeof(detail::CallState)));
-  SWIFTQK_CUDA_TRY(cudaMemset(s.d_failure, 0, sizeof(detail::FailureRecord)));
-  std::memset(s.h_failure, 0, sizeof(detail::FailureRecord));
-  s.has_last = false;
+  SWIFTQK_EXPECTS(!s.closed, "reset: communicator rank " + std::to_string(s.rank) + " is closed");
+  if (s.local_group) {
+    // One process drives every rank: once each GPU is idle no kernel of the group runs, and no
+    // other process or thread can write into the workspaces, so the whole group is cleared.
+    std::lock_guard<std::mutex> lock(s.local_group->mu);
+    for (CommState* m : s.local_group->members) {
+      DeviceGuard guard(m->device);
+      SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    }
+    for (CommState* m : s.local_group->members) m->clear_exchange_state();
+    return;
+  }
+  // Quiesce, barrier, clear, barrier: after the first barrier no rank's kernel is running, so
+  // nothing published before the reset can land after the clear; after the second, no rank
+  // publishes the next call into a peer that has not cleared yet.
+  s.quiesce();
+  s.barrier("reset");
+  s.clear_exchange_state();
+  s.barrier("reset");
 }
 
 bool Communicator::probe_peers(cudaStream_t stream) {
   CommState& s = *state_;
+  SWIFTQK_EXPECTS(!s.closed,
+                  "probe_peers: communicator rank " + std::to_string(s.rank) + " is closed");
   DeviceGuard guard(s.device);
   // Nothing here may synchronise the device: peers' probe kernels are spinning meanwhile.
-  *s.h_probe_ok = 1;
-  SWIFTQK_CUDA_TRY(
-      cudaMemcpyAsync(s.d_probe_ok, s.h_probe_ok, sizeof(int), cudaMemcpyHostToDevice, stream));
-  const uint64_t round = ++s.probe_round;
-  detail::probe_kernel<<<1, 32, 0, stream>>>(
-      s.d_peers, s.local_ws, s.rank, s.world, probe_offset(s.world, s.config.token_capacity), round,
-      static_cast<uint64_t>(s.config.timeout_s * 1e9), s.d_probe_ok);
-  SWIFTQK_CUDA_TRY(cudaGetLastError());
-  SWIFTQK_CUDA_TRY(
-      cudaMemcpyAsync(s.h_probe_ok, s.d_probe_ok, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  s.launch_probe(stream, s.config.timeout_s);
   SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
-  const int ok = *s.h_probe_ok;
-  return ok == 1;
+  return *s.h_probe_ok == 1;
 }
 
 namespace {
@@ -291,6 +449,7 @@ std::vector<Communicator> Communicator::create_local_group(const std::vector<int
     }
   }
   auto allocations = std::make_shared<detail::DeviceAllocations>();
+  auto local = std::make_shared<detail::LocalGroup>();
   std::vector<std::unique_ptr<CommState>> states;
   std::vector<uint8_t*> table;
   for (int r = 0; r < world; ++r) {
@@ -300,7 +459,10 @@ std::vector<Communicator> Communicator::create_local_group(const std::vector<int
     s->device = devices[r];
     s->config = config;
     s->allocations = allocations;
+    s->ranks_on_device = static_cast<int>(std::count(devices.begin(), devices.end(), devices[r]));
     s->allocate_local();
+    s->local_group = local;
+    local->members.push_back(s.get());
     table.push_back(s->local_ws);
     states.push_back(std::move(s));
   }
@@ -390,6 +552,7 @@ Communicator IpcBootstrap::connect(const std::vector<std::vector<uint8_t>>& hand
       s.peers[r] = s.local_ws;
       continue;
     }
+    if (b.process == process_nonce() && b.device == s.device) ++s.ranks_on_device;
     if (b.process == process_nonce()) {  // a rank of this process: no IPC mapping needed
       if (b.device != s.device) enable_peer_access(s.device, b.device, "IpcBootstrap::connect");
       s.peers[r] = reinterpret_cast<uint8_t*>(b.address);

@@ -8,6 +8,29 @@ namespace swiftqk {
 std::string DeviceFailure::describe() const {
   if (code == 0) return "no failure";
   std::ostringstream s;
+  if (code == 2) {
+    s << "rank " << rank
+      << " found a second kernel of its communicator running at the same time (launches on two "
+         "streams, or CUDA-graph replays on two streams, without ordering them); one call at a "
+         "time per communicator. Every rank must call reset()";
+    return s.str();
+  }
+  if (code == 3) {
+    s << "rank " << rank << " stopped because rank " << peer
+      << " of its group recorded a failure (that rank's error names the cause); its outputs "
+         "are NaN until every rank has called reset()";
+    return s.str();
+  }
+  if (code == 1 && token < 0) {
+    s << "rank " << rank
+      << " timed out waiting for its own kernel's first block to claim the rank: the grid could "
+         "not become resident (other work holds the SMs; leave room with CommConfig::sm_budget)";
+    return s.str();
+  }
+  if (code != 1) {
+    s << "rank " << rank << " recorded an unknown failure code " << code;
+    return s.str();
+  }
   s << "rank " << rank << " timed out waiting for rank " << peer << "'s partial sums of token "
     << token;
   if (expected_tag == 0) {  // the MiniMax-fused exchange carries no tags

@@ -209,7 +209,11 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   SWIFTQK_EXPECTS(static_cast<int>(comms.size()) <= detail::kMaxRanksPerLaunch,
                   "launch_qk_norm_group: at most " + std::to_string(detail::kMaxRanksPerLaunch) +
                       " ranks per launch");
-  for (Communicator* c : comms) SWIFTQK_EXPECTS(c != nullptr, "launch: null communicator");
+  for (Communicator* c : comms) {
+    SWIFTQK_EXPECTS(c != nullptr, "launch: null communicator");
+    SWIFTQK_EXPECTS(!c->closed(),
+                    "launch: communicator rank " + std::to_string(c->rank()) + " is closed");
+  }
   const int world = comms[0]->world_size();
   for (std::size_t i = 0; i < comms.size(); ++i) {
     validate_params(params[i], world);
@@ -252,6 +256,14 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
 
   detail::DeviceGuard guard(s0.device);
   const int sms = sm_count(s0.device);
+  // Ranks of a local group launched apart (each on its own stream) must all fit the GPU at once:
+  // a launch serving fewer of them than share this GPU takes its share of the budget.
+  const int budget = [&] {
+    const int on_device = s0.ranks_on_device;
+    if (ranks >= on_device) return s0.config.sm_budget;
+    const int base = s0.config.sm_budget == 0 ? sms : std::min(s0.config.sm_budget, sms);
+    return std::max(1, base * ranks / on_device);
+  }();
   // Every launch but the last covers per_launch tokens: the first one's count picks the depth.
   const int64_t launch_tokens = std::min(per_launch, p0.tokens);
   // A chunk's slot order and block order. The slot order, like the hash, follows the chunk's
@@ -302,7 +314,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     }
     // The grid must fit the residency of each kernel the chunks take (instantiations of one
     // kernel; asking also sets each one's shared-memory limit before its first launch). Usually
-    // there is one: the occupancy cache is asked once per layout, as before the orders existed.
+    // there is one: the occupancy cache is asked once per layout, not once per kernel.
     l.occ = max_blocks_per_sm(l.of(used[0]), shape.block_threads(), l.smem, s0.device);
     if (l.of(used[1]) != l.of(used[0])) {
       l.occ = std::min(l.occ,
@@ -319,10 +331,9 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
         layout_of(depth, choose_kernel_shape(qw, kw, vec, block_target, world, forced_vpt));
     const KernelShape packed = packed_kernel_shape(qw, kw, vec, block_target, world);
     if (forced_vpt == 0 && packed.vectors_per_thread > 0 &&
-        grid_is_full(launch_tokens, ranks, lay.shape.tokens_per_block, lay.occ, sms,
-                     s0.config.sm_budget)) {
+        grid_is_full(launch_tokens, ranks, lay.shape.tokens_per_block, lay.occ, sms, budget)) {
       const Layout p = layout_of(depth, packed);
-      if (resident_blocks(p.occ, sms, s0.config.sm_budget) >= ranks) lay = p;
+      if (resident_blocks(p.occ, sms, budget) >= ranks) lay = p;
     }
     return lay;
   };
@@ -339,7 +350,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   if (!tuning && few.stages == 0 && shallow.stages != 0) {
     const Layout s = layout_for(shallow);
     auto resident_groups = [&](const Layout& l) {
-      return resident_blocks(l.occ, sms, s0.config.sm_budget) * l.shape.tokens_per_block;
+      return resident_blocks(l.occ, sms, budget) * l.shape.tokens_per_block;
     };
     if (take_shallow_pipeline(launch_tokens, resident_groups(lay), resident_groups(s))) lay = s;
   }
@@ -369,14 +380,14 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   a.q_inv_full = 1.0f / static_cast<float>(p0.q_full_width);
   a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
   a.eps = p0.eps;
-  a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);
+  a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);  // validated: <= 3.6e12
   // Every instantiation comes from one build: one of them answers for all.
   const bool pdl = p0.pdl && can_launch_pdl(lay.of(used[0]), s0.device);
+  a.pdl = pdl ? 1 : 0;
 
   for (int64_t first = 0; first < p0.tokens; first += per_launch) {
     const int64_t chunk = std::min(per_launch, p0.tokens - first);
-    const GridPlan g =
-        plan_grid(chunk, ranks, shape.tokens_per_block, occ, sms, s0.config.sm_budget);
+    const GridPlan g = plan_grid(chunk, ranks, shape.tokens_per_block, occ, sms, budget);
     a.tokens = chunk;
     // The chunk's token count is hashed too: a peer called with another token count must not
     // lend its partials to this call's first tokens (every token then times out, naming it).

@@ -125,8 +125,10 @@ Scratch ensure_scratch(CommState& st, int64_t cap, int64_t wq, int64_t wk, DType
                         ": its scratch must be sized by an eager call of the same or larger shape "
                         "before CUDA-graph capture");
     if (need.bytes > st.scratch_bytes) {
+      // A graph captured earlier may still replay on the old scratch: it stays allocated until
+      // the communicator is released.
       SWIFTQK_CUDA_TRY(cudaStreamSynchronize(s));
-      if (st.scratch != nullptr) SWIFTQK_CUDA_TRY(cudaFree(st.scratch));
+      if (st.scratch != nullptr) st.retired_scratch.push_back(st.scratch);
       st.scratch = nullptr;
       SWIFTQK_CUDA_TRY(cudaMalloc(&st.scratch, need.bytes));
       st.scratch_bytes = need.bytes;

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "swiftqk/comm_config.hpp"
 #include "swiftqk/error.hpp"
 #include "swiftqk/qk_norm_params.hpp"
 
@@ -155,6 +156,21 @@ int vector_bytes_for(const QkNormParams& p) {
            al(v.in, 16) && al(v.out, out_align) && al(v.weight, out_align);
   };
   return ok(p.q) && ok(p.k) ? 16 : static_cast<int>(is);
+}
+
+void validate_config(const CommConfig& c) {
+  SWIFTQK_EXPECTS(
+      c.token_capacity >= 1 && c.token_capacity <= (int64_t{1} << 31),
+      "CommConfig.token_capacity must be in [1, 2^31], got " + std::to_string(c.token_capacity));
+  // The wait bound becomes a nanosecond count on the device: infinity, NaN or a huge value would
+  // overflow it (undefined, in practice a zero bound).
+  SWIFTQK_EXPECTS(
+      std::isfinite(c.timeout_s) && c.timeout_s >= kMinTimeoutS && c.timeout_s <= kMaxTimeoutS,
+      "CommConfig.timeout_s must be a finite number of seconds in [" +
+          std::to_string(kMinTimeoutS) + ", " + std::to_string(kMaxTimeoutS) + "], got " +
+          std::to_string(c.timeout_s));
+  SWIFTQK_EXPECTS(c.sm_budget >= 0, "CommConfig.sm_budget must be >= 0 (0 = all SMs), got " +
+                                        std::to_string(c.sm_budget));
 }
 
 }  // namespace swiftqk

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "swiftqk/comm_config.hpp"
 #include "swiftqk/device_failure.hpp"
 #include "swiftqk/qk_norm_params.hpp"
 
@@ -16,24 +17,21 @@ typedef struct ncclComm* ncclComm_t;
 
 namespace swiftqk {
 
-/// @brief Settings every rank of a group must give alike.
-struct CommConfig {
-  int64_t token_capacity = 16384;  ///< tokens one kernel launch exchanges; larger T is chunked
-  bool chunk_oversize = true;      ///< false: a launch of more than token_capacity tokens fails
-  double timeout_s = 5.0;          ///< a device-side wait longer than this fails the call
-  int sm_budget = 0;               ///< SMs the persistent kernel may fill; 0 = all of them
-  /// from_nccl only: false keeps the exchange on NCCL (the all-reduce path) even where P2P works
-  /// (for A/B runs and debugging); every rank must give the same value.
-  bool use_p2p = true;
-};
-
 namespace detail {
 struct CommState;
 }
 
 /// @brief One rank's handle. Move-only. Create with create_local_group, IpcBootstrap or
 /// from_nccl. At most one call may be in flight per communicator: launches must come from one
-/// stream (a switch is refused until the previous launch has completed).
+/// stream (a switch is refused until the previous launch has completed), and a second kernel of
+/// the same communicator running at once (graph replays on two streams) is caught on the device:
+/// it fails the communicator instead of mixing partials.
+///
+/// Failures are sticky, as NCCL's asynchronous errors are: once any rank of the group has
+/// recorded a failure (a wait timed out, two kernels ran at once), every later kernel of every
+/// rank writes NaN over all its outputs (eager or graph replay) and the host raises
+/// swiftqk::Error, naming the rank, the peer and the token, at the next launch or check_error(),
+/// until every rank has called reset(). docs/design.md, "Failure semantics".
 class Communicator {
  public:
   Communicator(Communicator&&) noexcept;
@@ -70,9 +68,23 @@ class Communicator {
   DeviceFailure failure() const;
   /// @brief Synchronises `stream`, then check_error(). Blocking.
   void synchronize(cudaStream_t stream) const;
-  /// @brief After a failure: clears this rank's slots, counter and error word. Every rank must
-  /// reset, with a barrier between the resets and the next launch (no kernel may be running).
+  /// @brief After a failure: makes the group usable again. Collective: every rank calls it,
+  /// concurrently (one thread or process per rank). It waits for this rank's kernels (synchronise
+  /// the streams of graph replays first), meets every peer at a barrier, clears this rank's slots,
+  /// fault word, counters and failure record, and meets them again, so nothing a late peer
+  /// published before the reset can be taken after it. Bounded by about 2 x timeout_s; throws
+  /// naming a rank that never arrived. A group from create_local_group (one caller drives every
+  /// rank) resets as a whole: reset() on any of its ranks synchronises their GPUs and clears all.
   void reset();
+
+  /// @brief Collective teardown (DeepEP's destroy()): waits for this rank's kernels, meets every
+  /// peer at a barrier bounded by timeout_s (ranks of create_local_group need none), then unmaps
+  /// the peers and frees this rank's memory. Idempotent; the destructor calls it. If a peer
+  /// never arrives it throws, and the workspace stays allocated so that the peer's late writes
+  /// land in memory nothing else uses. Launches on a closed communicator throw.
+  void close();
+  /// @brief True once close() has run.
+  bool closed() const;
 
   /// @brief Runs a real write test: every rank writes a fresh nonce into each peer's workspace
   /// and waits (bounded by timeout_s) to see all peers' nonces. Collective. True if all arrived.
@@ -84,6 +96,7 @@ class Communicator {
  private:
   friend class IpcBootstrap;
   explicit Communicator(std::unique_ptr<detail::CommState> state);
+  void close_quietly() noexcept;
   std::unique_ptr<detail::CommState> state_;
 };
 

@@ -9,10 +9,12 @@ namespace swiftqk {
 
 /// @brief What a failed device-side wait recorded (copied from host-mapped memory, no sync).
 struct DeviceFailure {
-  uint32_t code = 0;          ///< 0 none, 1 timeout
-  int32_t rank = -1;          ///< rank that waited
-  int32_t peer = -1;          ///< rank whose partial never arrived
-  int64_t token = -1;         ///< token (within the launch chunk) it waited for
+  /// 0 none; 1 a wait timed out; 2 a second kernel of the communicator ran at the same time;
+  /// 3 a peer recorded a failure (peer names it)
+  uint32_t code = 0;
+  int32_t rank = -1;          ///< rank that recorded it
+  int32_t peer = -1;          ///< code 1: rank whose partial never arrived; code 3: the failed peer
+  int64_t token = -1;         ///< code 1: token (within the launch chunk) it waited for
   uint32_t expected_tag = 0;  ///< tag the waiting rank expected (0: MiniMax-fused, untagged)
   /// Tag of the slot's q word when the wait gave up: 0 if nothing was written there since the
   /// workspace was zeroed or scrubbed, the expected tag if only the k word (which also carries

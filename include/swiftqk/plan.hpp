@@ -42,9 +42,9 @@ constexpr int64_t kShallowMaxTokens = 4096;
 constexpr int64_t kShallowAnyGainTokens = 2048;
 
 /// @brief Alone: 2 stages, no deferral. With peers: D = log2(world) (at most kMaxStages - 2) and
-/// one row loading ahead, so stages = D + 2. On the H200 at 4096 tokens (docs/results.md,
-/// session 5) a deeper D paid off as the group grew (the slowest of more peers lags further)
-/// and cost nothing at TP 2; alone, 2 stages were fastest of 2-5. forced_stages and
+/// one row loading ahead, so stages = D + 2. A deeper D pays off as the group grows (the
+/// slowest of more peers lags further) and costs nothing at TP 2; alone, 2 stages are the
+/// fastest of 2-5 (one H200, 4096 tokens; CHANGELOG.md, 9127d35). forced_stages and
 /// forced_defer (SWIFTQK_STAGES, SWIFTQK_DEFER; 0 = not forced) override them for tuning runs;
 /// the depth is then cut to stages - 1.
 PipelineDepth choose_pipeline_depth(int world, int forced_stages = 0, int forced_defer = 0);
@@ -63,25 +63,22 @@ constexpr int kFewTokensMaxWorld = 8;
 /// @brief The pipeline a launch of `tokens` tokens takes at 4 <= world <= kFewTokensMaxWorld up
 /// to kFewTokensMax tokens: 3 stages and D = 1 (one row loading ahead, one deferred), as at TP 2;
 /// {0, 0} when none applies. With a few tokens per group a deep deferral is mostly the ring's fill
-/// and drain, and the smaller ring fits more groups where registers do not cap them. On the H200
-/// with virtual ranks, against 8d8167c in two passes (docs/results.md, session 17): TP 4 at
-/// 512-2048 tokens 0.3-2.2 us faster for every model but OLMoE at 1536 tokens (1.2 us slower)
-/// and OLMoE and OLMo3-32B at 512 (level); TP 8 OLMo2-13B 0.3-1.7 us and OLMo3-32B at 1536-2048
-/// 0.3-0.9 faster, the others within 0.4; at 1-256 tokens level. Past 2048 tokens at TP 8, and
-/// past 4096 at TP 4, the deeper pipelines win; at TP 16 it was up to 13.6 us slower from 1536
-/// tokens. Across GPUs not measured yet (no 4- or 8-GPU machine lent).
+/// and drain, and the smaller ring fits more groups where registers do not cap them. With
+/// virtual ranks on one H200 it is faster at TP 4 and 8 between 512 and 2048 tokens for nearly
+/// every model and level below; past 2048 tokens at TP 8, past 4096 at TP 4 and from 1536 at
+/// TP 16 the deeper pipelines win (CHANGELOG.md, 925dafa). Not measured across GPUs
+/// (docs/design.md, "Limits").
 PipelineDepth few_token_pipeline_depth(int world, int64_t tokens);
 
 /// @brief Whether a launch of `tokens` tokens takes the shallow pipeline, given the token groups
 /// resident on the GPU with the default ring and with the shallow one. The smaller ring pays off
-/// when few tokens per group leave the row loading ahead little to hide: on the H200 at TP 8
-/// (docs/results.md, session 13) 3 stages were 0.8-2.4 us faster at 2048 tokens wherever they
-/// fitted more groups, and at 4096 only where they doubled them (OLMoE, OLMo2-7B; 0.4 us slower
-/// at 3 -> 4 blocks an SM); where registers cap residency (OLMo2-13B) they gain nothing and
-/// lose the row ahead (6 us slower at 4096 tokens); at 8192 tokens they lose everywhere.
-/// Measured with virtual ranks (8 ranks share the GPU's groups). Across 8 GPUs each GPU serves
-/// one rank, so at these token counts a group runs about one token either way; not measured
-/// there yet (no 8-GPU machine lent).
+/// when few tokens per group leave the row loading ahead little to hide: at virtual TP 8 on one
+/// H200, 3 stages are faster at 2048 tokens wherever they fit more groups, and at 4096 only
+/// where they double them (OLMoE, OLMo2-7B); where registers cap residency (OLMo2-13B) they
+/// gain nothing and lose the row ahead; at 8192 tokens they lose everywhere (CHANGELOG.md,
+/// 91a1d19). Measured with virtual ranks (8 ranks share the GPU's groups). Across 8 GPUs each
+/// GPU serves one rank, so at these token counts a group runs about one token either way; not
+/// measured there (docs/design.md, "Limits").
 bool take_shallow_pipeline(int64_t tokens, int64_t default_groups, int64_t shallow_groups);
 
 /// Tokens one kernel launch covers at most: longer calls are split into launches of this many
@@ -102,8 +99,9 @@ constexpr int kMaxVectorsPerThread = 8;
 constexpr int64_t kMaxStagedRingBytes = 200 * 1024;
 
 /// Threads a block aims at: groups are added while the block stays within this many threads.
-/// 256 with peers; alone, 384 (on the H200 at 4096 tokens, 3 OLMoE or 2 OLMo3-32B groups per
-/// block were 1.5% and 3.7% faster than 2 and 1; the other shapes keep one group either way).
+/// 256 with peers; alone, 384 (on one H200 at 4096 tokens, 3 OLMoE or 2 OLMo3-32B groups per
+/// block are faster than 2 and 1; the other shapes keep one group either way; CHANGELOG.md,
+/// e12d48e).
 /// SWIFTQK_BLOCK_THREADS overrides both for tuning runs.
 constexpr int kDefaultBlockThreads = 256;
 constexpr int kDefaultBlockThreadsAlone = 384;
@@ -130,9 +128,9 @@ constexpr int64_t kMaxPackedVectors = 64;
 /// @brief With peers, the layout that packs short rows several to a warp (4 vectors a thread,
 /// groups of 16 or 8 lanes, at least one lane per rank), or vectors_per_thread 0 when it does not
 /// apply (alone, rows over kMaxPackedVectors, or the scalar path). It pays off only when the GPU is
-/// full: on the H200 at 4096 tokens it cut TP 8 OLMoE from 30.1 to 28.8 us, while at 64 tokens,
-/// where the unpacked grid leaves SMs idle, it added 0.5 us (docs/results.md, session 6). The
-/// launch takes it when the unpacked grid is capped by residency.
+/// full: it is faster for OLMoE at virtual TP 8 and 4096 tokens, and slower at 64 tokens, where
+/// the unpacked grid leaves SMs idle (one H200; CHANGELOG.md, 7a09ebe). The launch takes it when
+/// the unpacked grid is capped by residency.
 KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems, int block_threads,
                                 int world);
 
@@ -155,9 +153,9 @@ enum class BlockOrder : int { kRankMajor = 0, kInterleaved = 1 };
 constexpr int64_t kInterleaveMinTokens = 2048;
 
 /// @brief The block order of a launch: interleaved from kInterleaveMinTokens tokens a launch
-/// when it serves more than one rank. On one H200 (virtual TP 2-8, docs/results.md, session 15)
-/// interleaving was 0.3-2.6 us faster at 4096 tokens for every model but OLMoE at TP 8 (0.4
-/// slower), up to 20 us at 16384 and up to 1 us at 2048; at 1024 tokens OLMoE at TP 8 lost 1.1 us.
+/// when it serves more than one rank. On one H200 (virtual TP 2-16) interleaving is as fast or
+/// faster from 2048 tokens, by up to 23 us at 16384, but for OLMoE at TP 8 with 2048-4096 tokens
+/// (a shape only virtual ranks have), and mixed below 2048 (CHANGELOG.md, 39af1e8).
 constexpr BlockOrder choose_block_order(int ranks, int64_t tokens) {
   return ranks > 1 && tokens >= kInterleaveMinTokens ? BlockOrder::kInterleaved
                                                      : BlockOrder::kRankMajor;
@@ -212,11 +210,10 @@ enum class SlotLayout : int { kTokenMajor = 0, kSourceMajor = 1 };
 
 /// Source-major slots are chosen for rows of at most kSourceMajorMaxRowElements elements a rank
 /// (1 KB in 2-byte types, kMaxPackedVectors vectors), at TP 8 to 16, from
-/// kSourceMajorMinTokens tokens a launch. On one H200 (docs/results.md, session 14): virtual TP 8
-/// OLMoE 1.1 us faster at 4096 tokens (fp8 2.0) and 0.2 at 256 and 1024; virtual TP 16 at 4096
-/// tokens 24-27 us faster for four models (OLMoE 61.1 -> 35.6 us), where a token's 16
-/// token-major slots span two lines. Below 256 tokens it was 0.1 us slower, at TP 2 and 4 short
-/// rows were level or 0.2 us slower, and rows of a warp or more lost: hence the three bounds.
+/// kSourceMajorMinTokens tokens a launch. With virtual ranks on one H200 it is faster for OLMoE
+/// at TP 8 and, by far, for the four short-row models at TP 16, where a token's 16 token-major
+/// slots span two lines; below 256 tokens it is slightly slower, at TP 2 and 4 short rows gain
+/// nothing, and rows of a warp or more lose: hence the three bounds (CHANGELOG.md, 26ff664).
 constexpr int64_t kSourceMajorMaxRowElements = kMaxPackedVectors * 8;
 constexpr int kSourceMajorMinWorld = 8;
 constexpr int kSourceMajorMaxWorld = 16;
@@ -245,9 +242,9 @@ constexpr std::size_t slot_token_stride(int world, SlotLayout layout) {
 }
 /// @brief Byte offset of the slot written by src_rank for token in bank, inside the reader's
 /// workspace; the kernel calls it too, with the layout a template parameter (one instantiation per
-/// order), so each order compiles to its own closed form and the token-major kernel is the one
-/// that existed before source-major slots (session 15; with the order a runtime value the
-/// token-major path was 0.02-0.08 us slower at one token on the H200, session 14).
+/// order), so each order compiles to its own closed form and the token-major kernel is the same
+/// code as one that knows no other order (with the order a run-time value, the token-major path
+/// is 0.02-0.08 us slower at one token: docs/design.md, "Slot order").
 constexpr std::size_t slot_offset(int world, int64_t capacity, int bank, int64_t token,
                                   int src_rank, SlotLayout layout) {
   return layout == SlotLayout::kTokenMajor
@@ -259,13 +256,19 @@ constexpr std::size_t slot_offset(int world, int64_t capacity, int bank, int64_t
 constexpr std::size_t probe_offset(int world, int64_t capacity) {
   return slot_offset(world, capacity, kSlotBanks, 0, 0, SlotLayout::kTokenMajor);
 }
+/// @brief Byte offset of the fault word (8 bytes, after the probe words): 0 while the group is
+/// healthy, else 1 + the rank that recorded a failure. Any rank that fails writes it into every
+/// rank's workspace, so every peer's next wait check, and its next kernel at entry, sees it.
+constexpr std::size_t fault_offset(int world, int64_t capacity) {
+  return probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world);
+}
 /// The MiniMax-fused baseline's Lamport buffers: 3 x [capacity][world] slots of 16 bytes after
-/// the probe words; every 32-bit word holds -0.0 (0x80000000) while empty.
+/// the fault word; every 32-bit word holds -0.0 (0x80000000) while empty.
 constexpr int kLamportBuffers = 3;
 constexpr uint32_t kLamportEmpty = 0x80000000u;
-/// @brief Byte offset of the Lamport buffers (16-byte aligned, after the probe words).
+/// @brief Byte offset of the Lamport buffers (16-byte aligned, after the fault word).
 constexpr std::size_t lamport_offset(int world, int64_t capacity) {
-  return (probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world) + 15) / 16 * 16;
+  return (fault_offset(world, capacity) + 8 + 15) / 16 * 16;
 }
 /// @brief Byte offset of src_rank's slot of token in Lamport buffer buf.
 constexpr std::size_t lamport_slot_offset(int world, int64_t capacity, int buf, int64_t token,
@@ -285,8 +288,8 @@ constexpr uint32_t tag_for_call(uint32_t call) { return (call & (kCallPeriod - 1
 constexpr int bank_for_call(uint32_t call) { return static_cast<int>(call & 1u); }
 constexpr uint32_t next_call(uint32_t call) { return (call + 1u) & (kCallPeriod - 1u); }
 
-/// @brief Consumed slots are not cleared one by one (a store per slot cost about 1 us at virtual
-/// TP 2 on 4096 tokens, docs/results.md session 11). Instead, calls whose number is one of the
+/// @brief Consumed slots are not cleared one by one (a store per slot costs about 1 us at virtual
+/// TP 2 on 4096 tokens; CHANGELOG.md, 57727c0). Instead, calls whose number is one of the
 /// last two before a multiple of kScrubPeriod ("scrub calls") zero the whole bank they used, all
 /// `capacity` tokens, at the end of the kernel. A value left in a slot by call c0 could only be
 /// taken for a later call c1 of the same tag, i.e. kCallPeriod calls later; every kScrubPeriod

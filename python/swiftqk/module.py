@@ -6,7 +6,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .distributed import FallbackCommunicator
-from .ops import qk_norm
+from .ops import _out_dtype, qk_norm
 
 METHODS = ("swiftqk", "minimax_fused", "all_gather", "minimax_eager")
 
@@ -83,8 +83,10 @@ class TPQKNorm(nn.Module):
             dist.all_reduce(stats, group=self.group)
         rq = torch.rsqrt(stats[:, 0:1] / self.q_full + self.eps)
         rk = torch.rsqrt(stats[:, 1:2] / self.k_full + self.eps)
-        return (_scale_rows(q, self.q_weight, rq, self.order, q.dtype),
-                _scale_rows(k, self.k_weight, rk, self.order, k.dtype))
+        # The fused op's output dtype: bf16 for fp8 inputs, so the output does not depend on
+        # whether the group has P2P.
+        return (_scale_rows(q, self.q_weight, rq, self.order, _out_dtype(q)),
+                _scale_rows(k, self.k_weight, rk, self.order, _out_dtype(k)))
 
     def _all_gather(self, q, k):
         # vLLM's OLMo2 path: gather the full rows, normalise them, keep this rank's slice.

@@ -59,8 +59,9 @@ __global__ void __launch_bounds__(256)
   const int64_t nq = q_width / VEC, n = nq + k_width / VEC;
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const float2 st = stat[t];
-    const float rq = stat_is_rstd ? st.x : 1.f / sqrtf(st.x * q_inv_full + eps);
-    const float rk = stat_is_rstd ? st.y : 1.f / sqrtf(st.y * k_inv_full + eps);
+    // The fused kernel's scale (inv_rms), so both paths round it alike.
+    const float rq = stat_is_rstd ? st.x : inv_rms(st.x, q_inv_full, eps);
+    const float rk = stat_is_rstd ? st.y : inv_rms(st.y, k_inv_full, eps);
     const float2 rs = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       write_output<Tin, Tout, VEC, kOlmo2>(ra, t, i, nq, load_vec(row_vec<Tin, VEC>(ra, t, i, nq)),

@@ -5,17 +5,17 @@
 #include <cstdint>
 
 #include "kernels/launch_args.hpp"
+#include "swiftqk/plan.hpp"
 
 namespace swiftqk::detail {
 
 /// L2 policy of every slot access: evict last. Each call streams all its rows through L2, so
-/// without the hint a slot line is likely gone by the time it is written or polled again. What
-/// was measured on one H200 (docs/logs/2026-11-30_h200_session9.md): a build that only publishes
-/// (no collect) wrote 22 MB more to DRAM than one without any exchange, for 4 MB of 16-byte
-/// partials (virtual TP 8, OLMoE, 4096 tokens), which fits partial-sector writes of evicted
-/// lines. With the hint, graph-replayed virtual TP 2-8 at 4096 tokens were 1-7% faster; two GPUs
-/// at TP 2 were level at 1-4096 tokens and 1-2% faster at 16384. The hint changes no value and
-/// no ordering; a narrower scope (.gpu instead of .sys) made no difference.
+/// without the hint a slot line is likely gone by the time it is written or polled again: a
+/// build that only publishes (no collect) writes 22 MB more to DRAM than one without any
+/// exchange, for 4 MB of 16-byte partials (virtual TP 8, OLMoE, 4096 tokens, one H200), which
+/// fits partial-sector writes of evicted lines. With the hint virtual TP 2-8 at 4096 tokens are
+/// faster, and so is TP 2 across two H200s at 16384 tokens (CHANGELOG.md, 622ecfe). The hint
+/// changes no value and no ordering; a narrower scope (.gpu instead of .sys) makes no difference.
 __device__ __forceinline__ uint64_t slot_cache_policy() {
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
@@ -56,9 +56,57 @@ __device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
   return *reinterpret_cast<const volatile uint32_t*>(p);
 }
 
-/// Records the first failure of this rank in device memory and in the host-mapped mirror.
-__device__ inline void record_failure(const RankArgs& ra, uint32_t code, int peer, int64_t token,
-                                      uint32_t expected, uint32_t seen) {
+__device__ __forceinline__ uint64_t load_volatile64(const uint64_t* p) {
+  return *reinterpret_cast<const volatile uint64_t*>(p);
+}
+
+/// This rank's fault word (plan.hpp's fault_offset): nonzero once any rank of the group failed.
+__device__ __forceinline__ uint64_t* fault_word(uint8_t* ws, int world, int64_t capacity) {
+  return reinterpret_cast<uint64_t*>(ws + fault_offset(world, capacity));
+}
+
+/// Whether this rank must stop: some rank of the group (this one included) recorded a failure.
+/// One load on the slow path of every wait: a block that gives up marks its own rank's fault word
+/// at once (mark_fault), and its record then marks every peer's (record_failure).
+__device__ __forceinline__ bool group_failed(const RankArgs& ra, int world, int64_t capacity) {
+  return load_volatile64(fault_word(ra.local_ws, world, capacity)) != 0ull;
+}
+
+/// Marks this rank's own fault word with 1 + `rank` unless a failure is marked there already, so
+/// the word names the first failure this rank saw.
+__device__ __forceinline__ void mark_fault(uint8_t* ws, int world, int64_t capacity, int rank) {
+  atomicCAS_system(reinterpret_cast<unsigned long long*>(fault_word(ws, world, capacity)), 0ull,
+                   static_cast<unsigned long long>(rank) + 1ull);
+}
+
+/// What a block noted when it stopped, kept in shared memory (first note wins) and recorded once
+/// after the block's loop (record_note): the failure path adds almost no code to the loop.
+struct FailNote {
+  uint32_t code;  // FailureCode; 0 none
+  int32_t peer;
+  int64_t token;
+  uint32_t expected_tag, seen_tag;
+};
+
+/// Notes why this group stops; a timeout also marks this rank's fault word at once, so the rank's
+/// other groups and blocks stop at their next wait check instead of waiting out their own timeout.
+__device__ inline void note_stop(FailNote* note, const RankArgs& ra, int world, int64_t capacity,
+                                 uint32_t code, int peer, int64_t token, uint32_t expected,
+                                 uint32_t seen) {
+  if (atomicCAS(&note->code, 0u, code) != 0u) return;
+  note->peer = peer;
+  note->token = token;
+  note->expected_tag = expected;
+  note->seen_tag = seen;
+  if (code != kFailPeer) mark_fault(ra.local_ws, world, capacity, ra.rank);
+}
+
+/// Records the first failure of this rank in device memory and in the host-mapped mirror. A
+/// failure of this rank's own (a timeout, two kernels at once) is also marked in every rank's
+/// fault word, so that the peers stop at their next wait check or kernel entry, and report it.
+__device__ inline void record_failure(const RankArgs& ra, int world, int64_t capacity,
+                                      uint32_t code, int peer, int64_t token, uint32_t expected,
+                                      uint32_t seen) {
   if (atomicCAS(&ra.failure->code, 0u, code) != 0u) return;
   ra.failure->rank = ra.rank;
   ra.failure->peer = peer;
@@ -74,6 +122,39 @@ __device__ inline void record_failure(const RankArgs& ra, uint32_t code, int pee
   __threadfence_system();  // details before the code the host polls
   h->code = code;
   __threadfence_system();
+  if (code != kFailPeer) {
+    // A peer's word takes a plain system-scope store: atomics on a peer's memory need native P2P
+    // atomics, which a PCIe link may lack. A peer's word then names the last rank that failed
+    // rather than the first; any nonzero value stops it.
+    const uint64_t mark = static_cast<uint64_t>(ra.rank) + 1u;
+#pragma unroll 1
+    for (int j = 0; j < world; ++j) {
+      if (j == ra.rank) {
+        mark_fault(ra.local_ws, world, capacity, ra.rank);
+      } else {
+        uint64_t* w = fault_word(ra.peers[j], world, capacity);
+        asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(w), "l"(mark) : "memory");
+      }
+    }
+  }
+}
+
+/// Records what a block noted (thread 0, after the block's last wait). A stop because of a peer
+/// names the rank in the fault word; a stop because this rank's own fault word is marked is left
+/// to the block that marked it, which records the cause.
+__device__ inline void record_note(const FailNote& note, const RankArgs& ra, int world,
+                                   int64_t capacity) {
+  const uint32_t code = note.code;
+  if (code == 0u) return;
+  int peer = note.peer;
+  uint32_t seen = note.seen_tag;
+  if (code == kFailPeer) {
+    if (load_volatile(&ra.failure->code) != 0u) return;
+    peer = static_cast<int>(load_volatile64(fault_word(ra.local_ws, world, capacity))) - 1;
+    if (peer < 0 || peer == ra.rank) return;
+    seen = 0u;
+  }
+  record_failure(ra, world, capacity, code, peer, note.token, note.expected_tag, seen);
 }
 
 }  // namespace swiftqk::detail

@@ -47,7 +47,8 @@ __device__ inline void lamport_publish(const LaunchArgs& a, const RankArgs& ra, 
 /// rank order. The slots are not cleared here: the next call clears the whole buffer. Called by a
 /// whole warp, with want, sl and W as collect_partials takes them.
 __device__ inline bool lamport_collect(const LaunchArgs& a, const RankArgs& ra, int64_t t, int buf,
-                                       float& q, float& k, bool want, int sl, int W) {
+                                       float& q, float& k, bool want, int sl, int W,
+                                       FailNote* note) {
   const int world = a.world;
   const bool watch = want && sl < world;
   const uint32_t* mine = watch
@@ -67,9 +68,15 @@ __device__ inline bool lamport_collect(const LaunchArgs& a, const RankArgs& ra, 
     if (__all_sync(0xffffffffu, have)) break;
     if ((spin & 63u) == 0u) {
       const bool expired = global_timer_ns() - start > a.timeout_ns;
-      const bool failed_elsewhere = load_volatile(&ra.failure->code) != 0u;
+      const bool failed_elsewhere = group_failed(ra, world, a.capacity);
       if (__any_sync(0xffffffffu, expired || failed_elsewhere)) {
-        if (expired && !have) record_failure(ra, 1u, sl, t, 0u, 0u);
+        const bool missing = expired && !have;
+        const bool any_missing = __any_sync(0xffffffffu, missing);  // before the lanes diverge
+        if (missing) {
+          note_stop(note, ra, world, a.capacity, kFailTimeout, sl, t, 0u, 0u);
+        } else if (!any_missing && sl == 0) {
+          note_stop(note, ra, world, a.capacity, kFailPeer, -1, t, 0u, 0u);
+        }
         return false;
       }
     }

@@ -1,6 +1,7 @@
 // The by-value argument block of one fused launch, shared by host dispatch and the kernels.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace swiftqk::detail {
@@ -11,9 +12,10 @@ constexpr int kMaxRanksPerLaunch = 16;
 /// Largest tensor-parallel group: one lane of the polling warp watches each rank's slot.
 constexpr int kMaxWorld = 32;
 
-/// What a failed wait records; the same layout in device memory and in host-mapped memory.
+/// What a failure records (first failure wins); the same layout in device memory and in
+/// host-mapped memory. Codes: FailureCode.
 struct FailureRecord {
-  uint32_t code;  // 0 none, 1 timeout
+  uint32_t code;
   int32_t rank;
   int32_t peer;
   uint32_t expected_tag;
@@ -22,17 +24,30 @@ struct FailureRecord {
   uint32_t pad;
 };
 
-/// Device-resident per-rank counters. With peers the kernel reads `call` at entry and the last
-/// block to finish advances it, so graph replays always find the current call number on the
-/// device. A group of one exchanges nothing and leaves them alone.
-struct CallState {
-  uint32_t call;
+/// Why a rank stopped (FailureRecord::code, DeviceFailure::code).
+enum FailureCode : uint32_t {
+  kFailNone = 0,
+  kFailTimeout = 1,     // a wait for a peer's partials expired
+  kFailConcurrent = 2,  // a second kernel of this communicator ran at the same time
+  kFailPeer = 3,        // a peer recorded a failure (the group's fault word named it)
+};
+
+/// Device-resident per-rank counters. With peers every block reads `call` at entry and claims
+/// the rank for its kernel in `owner` (one 64-bit CAS on the pair: a second kernel of the same
+/// communicator running at once finds another owner, or another call, and fails instead of
+/// mixing its partials with the first's); the last block to finish releases the rank and
+/// advances the call in one 64-bit store, so graph replays always find the current call number
+/// on the device. A group of one exchanges nothing and leaves them alone.
+struct alignas(8) CallState {
+  uint32_t call;   // low half of the claim word
+  uint32_t owner;  // high half: low 32 bits of the owning kernel's %gridid (never 0), 0 = free
   uint32_t blocks_done;
   uint32_t probe_round;
   uint32_t lamport_call;    // MiniMax-fused baseline: buffer of the next call, 0..2
   uint32_t lamport_tokens;  // tokens of the last MiniMax-fused call (cleared by the next one)
-  uint32_t pad[3];
+  uint32_t pad[2];
 };
+static_assert(offsetof(CallState, owner) == 4, "call and owner form one 64-bit word");
 
 /// One rank's share of a launch.
 struct RankArgs {
@@ -69,6 +84,7 @@ struct LaunchArgs {
   float eps;
   uint32_t config_hash;
   uint64_t timeout_ns;
+  int pdl;  // launched with programmatic dependent launch: trigger the dependents
 };
 
 }  // namespace swiftqk::detail

@@ -19,8 +19,8 @@ namespace swiftqk::detail {
 constexpr unsigned kFullMask = 0xffffffffu;
 
 /// Register caps of the staged kernel. Alone, 48 (no spills) lets 5 blocks of 256 threads share an
-/// SM instead of 4; with peers the exchange needs 64 (48 spilled and was 1-14% slower at 4096
-/// tokens on the H200, docs/results.md session 4). Eight vectors a thread spill under 48.
+/// SM instead of 4; with peers the exchange needs 64 (at 48 it spills and is slower at 4096
+/// tokens; CHANGELOG.md, "Tried and dropped"). Eight vectors a thread spill under 48.
 constexpr int kAloneMaxRegs = 48;
 constexpr int kMaxRegs = 64;
 constexpr int max_regs(bool alone, int vpt) {
@@ -197,7 +197,7 @@ __device__ __forceinline__ void publish_partials(const ExchangeLane& e, int toke
 __device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra,
                                         const ExchangeLane& e, int token_words, int world_pow2,
                                         int t, uint32_t tag, uint32_t ktag, float& q, float& k,
-                                        bool want, int sl, int W) {
+                                        bool want, int sl, int W, FailNote* note) {
   const bool watch = want && e.watch != nullptr;
   const uint64_t* mine = watch ? e.watch + static_cast<int64_t>(t) * token_words : nullptr;
   uint64_t w0 = 0, w1 = 0;
@@ -213,9 +213,15 @@ __device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra,
       const uint64_t now = global_timer_ns();
       if (start == 0) start = now;
       const bool expired = now - start > a.timeout_ns;
-      const bool failed_elsewhere = load_volatile(&ra.failure->code) != 0u;
+      const bool failed_elsewhere = group_failed(ra, a.world, a.capacity);
       if (__any_sync(kFullMask, expired || failed_elsewhere)) {
-        if (expired && !have) record_failure(ra, 1u, sl, t, tag, word_tag(w0));
+        const bool missing = expired && !have;
+        const bool any_missing = __any_sync(kFullMask, missing);  // before the lanes diverge
+        if (missing) {
+          note_stop(note, ra, a.world, a.capacity, kFailTimeout, sl, t, tag, word_tag(w0));
+        } else if (!any_missing && sl == 0) {
+          note_stop(note, ra, a.world, a.capacity, kFailPeer, -1, t, tag, 0u);
+        }
         return false;
       }
     }
@@ -321,6 +327,50 @@ __device__ __forceinline__ float2 group_sum(const float2* parts, int warps, int 
   return v;
 }
 
+/// Writes NaN over every output element (and rstd) of tokens from, from + step, ... < T: what a
+/// group leaves for the tokens it could not normalise, so that a failed call never leaves a
+/// plausible-looking output (in place, the inputs of those rows are lost). The failure path only.
+template <typename Tout>
+__device__ __forceinline__ void poison_rows(const LaunchArgs& a, const RankArgs& ra, int from,
+                                            int step, int T, int gt, int G) {
+  const Tout nan = from_float<Tout>(__int_as_float(0x7fffffff));
+  for (int t = from; t < T; t += step) {
+    Tout* q = static_cast<Tout*>(ra.q_out) + static_cast<int64_t>(t) * ra.q_out_stride;
+    Tout* k = static_cast<Tout*>(ra.k_out) + static_cast<int64_t>(t) * ra.k_out_stride;
+    for (int i = gt; i < a.q_width; i += G) q[i] = nan;
+    for (int i = gt; i < a.k_width; i += G) k[i] = nan;
+    if (gt == 0 && ra.rstd_out != nullptr) {
+      ra.rstd_out[2 * static_cast<int64_t>(t)] = __int_as_float(0x7fffffff);
+      ra.rstd_out[2 * static_cast<int64_t>(t) + 1] = __int_as_float(0x7fffffff);
+    }
+  }
+}
+
+/// The rank's claim word: CallState's {call, owner} pair as one 64-bit word.
+__device__ __forceinline__ unsigned long long* claim_word(CallState* s) {
+  return reinterpret_cast<unsigned long long*>(&s->call);
+}
+__device__ __forceinline__ unsigned long long claim_of(uint32_t call, uint32_t owner) {
+  return static_cast<unsigned long long>(call) | (static_cast<unsigned long long>(owner) << 32);
+}
+/// This kernel's owner id, from the low 16 bits n of %gridid (which differs between launches,
+/// graph replays included): {n, ~n}, 16 bits set in every id, so no id's bits contain another's
+/// and the OR of two ids is never an id. A second kernel's claim therefore always leaves the
+/// owner half unlike either kernel's id (a plain id such as 0x1001 would cover 0x1000).
+__device__ __forceinline__ uint32_t grid_owner_id() {
+  uint64_t id;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(id));
+  const uint32_t n = static_cast<uint32_t>(id) & 0xffffu;
+  return (n << 16) | (n ^ 0xffffu);
+}
+
+/// What a block with peers found at entry (BlockEntry in docs/design.md, "Failure semantics").
+enum BlockEntry : int {
+  kEntryRun = 0,       // this kernel owns the rank and the group is healthy
+  kEntryDead = 1,      // owner, but the rank or a peer has failed: poison, account, exit
+  kEntryNotOwner = 2,  // another kernel of this communicator is running: poison, exit
+};
+
 /// 1 / rms of a row from its full sum of squares (the same instruction on every rank, so every
 /// rank's scale is bitwise the same).
 __device__ __forceinline__ float inv_rms(float sum_sq, float inv_full, float eps) {
@@ -349,12 +399,14 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   // Launched with programmatic dependent launch (QkNormParams::pdl), this grid may start before
   // the previous kernel on the stream has finished: nothing in global memory (inputs, weights,
   // the call counter, the slots) is read before that kernel and its writes are complete. Without
-  // PDL the wait returns at once. The next kernel may then be scheduled: it waits the same way
-  // for this whole grid, call counter included, so the trigger can come this early. All of this
-  // grid's blocks are resident before that kernel's can start (it launches once every block
-  // here has triggered), so it cannot take the room this grid's spin-waits rely on.
+  // PDL the wait returns at once. The next kernel may then be scheduled once every block here
+  // has triggered: it waits the same way for this whole grid, call counter included. Alone there
+  // is no wait to protect, so the trigger comes at once; with peers it comes after the block's
+  // last collect (below), so that the next kernel's blocks, parked at their own wait, never hold
+  // SMs that a peer's blocks (another launch on this GPU) still need to publish what this grid
+  // waits for.
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if constexpr (kAlone) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   using Tout = typename OutputOf<Tin>::type;
   using InVec = Vec<Tin, VEC>;
@@ -368,6 +420,9 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   __shared__ float2 s_part[2][32];
   __shared__ float2 s_rstd[32];  // per group: (q, k) 1/rms times the input scale
   __shared__ int s_abort[32];    // per group: a wait failed, stop
+  __shared__ uint32_t s_call;    // the call number of the rank's claim
+  __shared__ int s_entry;        // BlockEntry
+  __shared__ FailNote s_note;    // why the block stopped, if it did (recorded after the loop)
 
   // Which rank and which of its blocks this block is (block_role, CPU-tested; the rank-major
   // case is written out so that its kernels keep the code they had before the order existed).
@@ -402,12 +457,18 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   const int T = static_cast<int>(a.tokens);
   const int S = a.stages;
 
-  // Alone, nothing is exchanged, so no call number is read or advanced (see the end).
-  const uint32_t call =
-      kAlone ? 0u : load_volatile(kLamport ? &ra.state->lamport_call : &ra.state->call);
-  const uint32_t tag = tag_for_call(call);
-  const uint32_t ktag = tag ^ a.config_hash;
-  const int bank = bank_for_call(call);
+  // Alone, nothing is exchanged, so no call number is read or advanced (see the end). With peers,
+  // block 0 claims the rank for this kernel now, so the round trip overlaps the first rows'
+  // loads; the other blocks read the claim just before the barrier below, once block 0's has
+  // most likely landed.
+  unsigned long long claim_seen = 0;
+  bool failed_at_entry = false;
+  if (!kAlone && threadIdx.x == 0) {
+    s_note.code = 0u;
+    if (lblock == 0) claim_seen = atomicOr(claim_word(ra.state), claim_of(0u, grid_owner_id()));
+    failed_at_entry = group_failed(ra, a.world, a.capacity);
+  }
+  const uint32_t lamport_call = kLamport && !kAlone ? load_volatile(&ra.state->lamport_call) : 0u;
   const int step = a.blocks_per_rank * a.tokens_per_block;
   uint8_t* const peer_ws = !kAlone && !kLamport && sl < a.world ? ra.peers[sl] : nullptr;
   const int token_words = slot_token_words<kSlotOrder>(a);
@@ -418,7 +479,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   if constexpr (kLamport) {
     // The previous call's buffer: every rank finished writing it (this rank read all of it).
     if (!kAlone) {
-      lamport_clear(a, ra, static_cast<int>((call + kLamportBuffers - 1) % kLamportBuffers),
+      lamport_clear(a, ra, static_cast<int>((lamport_call + kLamportBuffers - 1) % kLamportBuffers),
                     load_volatile(&ra.state->lamport_tokens), lblock);
     }
   }
@@ -483,8 +544,8 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   // shared memory after the stages (re-reading it per token doubled the L2 traffic). The weights
   // and the first rows are all asynchronous copies, so they are in flight together: at a few
   // tokens the kernel is one such latency chain. (Loaded through registers, a loop of several
-  // weight vectors a thread went one memory round trip per vector: the compiler cannot tell
-  // the shared store from the next global load; docs/results.md, session 7.)
+  // weight vectors a thread goes one memory round trip per vector: the compiler cannot tell
+  // the shared store from the next global load.)
   OutVec* s_weight =
       reinterpret_cast<OutVec*>(reinterpret_cast<InVec*>(s_stage) + S * stage_vectors);
   if constexpr (VPT > 0) {
@@ -500,15 +561,58 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
     cp_async_commit();  // the oldest group: the wait below leaves only the rows' pending
   }
   for (int s = 0; s < ahead; ++s) issue(s);
+  if (!kAlone && threadIdx.x == 0) {
+    // One kernel at a time per communicator. Block 0 claimed the rank: it must have been free.
+    // The other blocks take part only once they see the rank owned by this kernel exactly (they
+    // wait, bounded, for block 0's claim to land); any other owner is a second kernel running at
+    // once. So every block that exchanges does so while this kernel owns the rank, and the owner
+    // releases it only after all its blocks have finished: two kernels' exchanges never overlap.
+    // A second kernel's claim leaves its bits in the owner half, which the first one then never
+    // matches: the rank stays claimed, and every later kernel fails, until reset().
+    const uint32_t id = grid_owner_id();
+    bool foreign = false;
+    if (lblock == 0) {
+      foreign = static_cast<uint32_t>(claim_seen >> 32) != 0u;
+    } else {
+      const uint64_t start = global_timer_ns();
+      for (;;) {
+        claim_seen = *reinterpret_cast<volatile unsigned long long*>(claim_word(ra.state));
+        if ((claim_seen >> 32) != 0ull || global_timer_ns() - start > a.timeout_ns) break;
+      }
+      foreign = static_cast<uint32_t>(claim_seen >> 32) != id;
+    }
+    int entry = kEntryRun;
+    if ((claim_seen >> 32) == 0ull && lblock != 0) {  // block 0 never came: not resident
+      note_stop(&s_note, ra, a.world, a.capacity, kFailTimeout, ra.rank, -1, 0u, 0u);
+      entry = kEntryNotOwner;
+    } else if (foreign) {
+      note_stop(&s_note, ra, a.world, a.capacity, kFailConcurrent, -1, -1,
+                tag_for_call(static_cast<uint32_t>(claim_seen)), 0u);
+      entry = kEntryNotOwner;
+    } else if (failed_at_entry) {
+      note_stop(&s_note, ra, a.world, a.capacity, kFailPeer, -1, -1,
+                tag_for_call(static_cast<uint32_t>(claim_seen)), 0u);
+      entry = kEntryDead;
+    }
+    s_call = static_cast<uint32_t>(claim_seen);
+    s_entry = entry;
+  }
   if constexpr (VPT > 0) cp_async_wait_pending(ahead);
-  __syncthreads();  // the weights, and s_abort, before any group reads them
+  __syncthreads();  // the weights, s_abort and the claim before any group reads them
+  const int entry = kAlone ? static_cast<int>(kEntryRun) : s_entry;
+  const uint32_t call = kAlone ? 0u : (kLamport ? lamport_call : s_call);
+  const uint32_t tag = tag_for_call(call);
+  const uint32_t ktag = tag ^ a.config_hash;
+  const int bank = bank_for_call(call);
   const ExchangeLane xl =
       kAlone || kLamport ? ExchangeLane{} : exchange_lane<kSlotOrder>(a, ra, bank, sl, peer_ws);
   const OutVec* const my_weight = s_weight + gt;
 
   // The stage of the reduced token (cur), of the written one (wstage) and of the next load.
   int cur = 0;
-  const int last = iterations + defer;
+  // The group's first token left unwritten by a failure (T: none); a dead block writes none.
+  int poison_from = entry == kEntryRun ? T : first + g;
+  const int last = entry == kEntryRun ? iterations + defer : 0;
   for (int it = 0; it < last; ++it) {
     const int t = first + it * step + g;  // the token reduced and published
     const int tw = t - defer * step;      // the token collected and written
@@ -591,10 +695,11 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
         // the last token joins without a token of its own. ok comes out warp-uniform.
         if (__any_sync(kFullMask, active_write)) {
           if constexpr (kLamport) {
-            ok = lamport_collect(a, ra, tw, static_cast<int>(call), q, k, active_write, sl, W);
+            ok = lamport_collect(a, ra, tw, static_cast<int>(call), q, k, active_write, sl, W,
+                                 &s_note);
           } else {
             ok = collect_partials(a, ra, xl, token_words, world_pow2, tw, tag, ktag, q, k,
-                                  active_write, sl, W);
+                                  active_write, sl, W, &s_note);
           }
           if (ok && active_write) {
             const float rq = inv_rms(q, a.q_inv_full, a.eps);
@@ -616,7 +721,10 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
         ok = s_abort[g] == 0;
         rs = s_rstd[g];
       }
-      if (!ok) break;  // group-uniform, and warp-uniform when groups share a warp
+      if (!ok) {  // group-uniform, and warp-uniform when groups share a warp
+        poison_from = first + g + max(0, it - defer) * step;
+        break;
+      }
     }
 
     // Phase C for the written token: scale, weight, round once (Olmo2) or twice (Llama).
@@ -643,28 +751,41 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
     }
   }
   if constexpr (VPT > 0) cp_async_wait<0>();  // no copy may land after the block exits
-  if constexpr (!kAlone && !kLamport) {
-    if (is_scrub_call(call)) scrub_own_slots<kSlotOrder>(a, ra, bank, first + g, step, gt, G);
-  }
-
-  // With peers, the last block of this rank to finish advances the rank's call counter
-  // (device-resident, so CUDA-graph replays stay in step). No fence: the next launch on the
-  // stream sees the new value at the kernel boundary, and within this launch every block read
-  // the counter before its barrier below (bar.sync performs the block's earlier loads), so before
-  // its increment, which the last block's stores follow (they depend on the value it returns).
-  // A fence here waited for the block's output stores to drain before the increment could even
-  // issue: one more memory round trip at the end of every launch.
   if constexpr (!kAlone) {
-    __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Under PDL, a kernel with peers lets the next one be scheduled only after its last collect
+    // (see the top); without PDL the trigger is skipped.
+    if (a.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    if (poison_from < T) poison_rows<Tout>(a, ra, poison_from, step, T, gt, G);
+    if constexpr (!kLamport) {
+      if (is_scrub_call(call) && entry == kEntryRun && poison_from >= T) {
+        scrub_own_slots<kSlotOrder>(a, ra, bank, first + g, step, gt, G);
+      }
+    }
+    // The last block of this rank's kernel to finish releases the rank and advances its call
+    // counter (device-resident, so CUDA-graph replays stay in step). No fence: the next launch
+    // on the stream sees the new value at the kernel boundary, and within this launch every
+    // block's claim returned before its barriers (its value decided the block's entry), so
+    // before its increment, which the last block's stores follow (they depend on the value it
+    // returns). A fence here waited for the block's output stores to drain before the increment
+    // could even issue: one more memory round trip at the end of every launch. A block of a
+    // second kernel neither counts nor releases.
+    __syncthreads();  // every group's note and writes before thread 0 records and counts
     if (threadIdx.x == 0) {
-      const uint32_t prev = atomicAdd(&ra.state->blocks_done, 1u);
-      if (prev == static_cast<uint32_t>(a.blocks_per_rank) - 1u) {
-        ra.state->blocks_done = 0u;
-        if constexpr (kLamport) {
-          ra.state->lamport_tokens = static_cast<uint32_t>(T);
-          ra.state->lamport_call = (call + 1) % kLamportBuffers;
-        } else {
-          ra.state->call = next_call(call);
+      record_note(s_note, ra, a.world, a.capacity);
+      if (entry != kEntryNotOwner) {
+        const uint32_t prev = atomicAdd(&ra.state->blocks_done, 1u);
+        if (prev == static_cast<uint32_t>(a.blocks_per_rank) - 1u) {
+          ra.state->blocks_done = 0u;
+          // The MiniMax-fused method keeps SwiftQK's call as it found it and rotates its own
+          // buffer counter.
+          if constexpr (kLamport) {
+            ra.state->lamport_tokens = static_cast<uint32_t>(T);
+            ra.state->lamport_call = (call + 1) % kLamportBuffers;
+          }
+          *reinterpret_cast<volatile unsigned long long*>(claim_word(ra.state)) =
+              claim_of(kLamport ? s_call : next_call(call), 0u);
         }
       }
     }

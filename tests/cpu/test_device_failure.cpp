@@ -65,3 +65,51 @@ TEST(DeviceFailure, TheUntaggedMiniMaxExchangeSaysNoTag) {
 
 }  // namespace
 }  // namespace swiftqk
+
+namespace swiftqk {
+namespace {
+
+TEST(DeviceFailure, ASecondKernelIsNamedAsSuch) {
+  DeviceFailure f;
+  f.code = 2;
+  f.rank = 3;
+  const std::string d = f.describe();
+  EXPECT_NE(d.find("rank 3 found a second kernel"), std::string::npos) << d;
+  EXPECT_NE(d.find("reset()"), std::string::npos) << d;
+}
+
+TEST(DeviceFailure, APeersFailureNamesThePeer) {
+  DeviceFailure f;
+  f.code = 3;
+  f.rank = 1;
+  f.peer = 0;
+  const std::string d = f.describe();
+  EXPECT_NE(d.find("rank 1 stopped because rank 0"), std::string::npos) << d;
+  EXPECT_NE(d.find("NaN"), std::string::npos) << d;
+}
+
+// A block that waited in vain for its own kernel's first block to claim the rank records a
+// timeout without a token: the cause is residency, not a peer.
+TEST(DeviceFailure, AGridThatNeverBecameResidentSaysSo) {
+  DeviceFailure f;
+  f.code = 1;
+  f.rank = 2;
+  f.peer = 2;
+  f.token = -1;
+  const std::string d = f.describe();
+  EXPECT_NE(d.find("rank 2 timed out waiting for its own kernel's first block"), std::string::npos)
+      << d;
+  EXPECT_NE(d.find("sm_budget"), std::string::npos) << d;
+}
+
+TEST(DeviceFailure, AnUnknownCodeIsNotTakenForATimeout) {
+  DeviceFailure f;
+  f.code = 9;
+  f.rank = 2;
+  const std::string d = f.describe();
+  EXPECT_NE(d.find("unknown failure code 9"), std::string::npos) << d;
+  EXPECT_EQ(d.find("timed out"), std::string::npos) << d;
+}
+
+}  // namespace
+}  // namespace swiftqk

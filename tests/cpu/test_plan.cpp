@@ -516,7 +516,8 @@ static_assert(slot_offset(2, 4, 1, 0, 0, kSM) == 2 * 4 * 16, "the same bank regi
 static_assert(slot_token_stride(8, kTM) == 8 * 16 && slot_token_stride(8, kSM) == 16,
               "a token step is world slots token-major, one source-major");
 static_assert(probe_offset(2, 4) == 2 * 2 * 4 * 16, "probe after both banks");
-static_assert(lamport_offset(2, 4) == probe_offset(2, 4) + 16, "8 probe bytes per rank");
+static_assert(fault_offset(2, 4) == probe_offset(2, 4) + 16, "8 probe bytes per rank");
+static_assert(lamport_offset(2, 4) == fault_offset(2, 4) + 16, "the fault word, 16-aligned");
 static_assert(workspace_bytes(2, 4) == lamport_offset(2, 4) + 3 * 4 * 2 * 16,
               "three Lamport buffers last");
 
@@ -604,10 +605,14 @@ TEST(SlotLayout, InjectiveContiguousAndInsideTheWorkspace) {
     for (int64_t capacity : {1, 2, 3, 17, 64}) {
       SCOPED_TRACE("world " + std::to_string(world) + " capacity " + std::to_string(capacity));
       EXPECT_EQ(probe_offset(world, capacity) % 8, 0u);
-      // The probe words, then the Lamport buffers (16-byte aligned, dense, non-overlapping).
+      // The probe words, the fault word, then the Lamport buffers (16-byte aligned, dense,
+      // non-overlapping).
+      const std::size_t fault = fault_offset(world, capacity);
+      EXPECT_EQ(fault, probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world));
+      EXPECT_EQ(fault % 8, 0u);
       const std::size_t lam = lamport_offset(world, capacity);
-      EXPECT_GE(lam, probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world));
-      EXPECT_LT(lam, probe_offset(world, capacity) + 8 * static_cast<std::size_t>(world) + 16);
+      EXPECT_GE(lam, fault + 8);
+      EXPECT_LT(lam, fault + 8 + 16);
       EXPECT_EQ(lam % 16, 0u);
       EXPECT_EQ(lamport_slot_offset(world, capacity, 0, 0, 0), lam);
       EXPECT_EQ(lamport_slot_offset(world, capacity, 1, 0, 0) - lam,

@@ -75,7 +75,7 @@ struct Knobs {
   int skip_at = -1;            // ... before its first call with tokens at or after skip_at
   int other_config_rank = -1;  // this rank hashes another eps into its k tags
   int other_tokens_rank = -1;  // this rank is called with one token fewer (or more) each time
-  bool hash_tokens = true;     // false: the token count left out of the k-tag hash (as before)
+  bool hash_tokens = true;     // false: the token count left out of the k-tag hash (a control)
   int slow_rank = -1;          // this rank sleeps slow_us ...
   int slow_us = 0;
   bool slow_before_publish = false;           // ... before publishing a token (else before reading)
@@ -94,19 +94,14 @@ struct Outcome {
   std::string first_failure;
 };
 
-using model::bits_float;
+// Deterministic, call-dependent partial sums of squares (nonnegative floats with full
+// mantissas) and the slot words that carry them.
 using model::float_bits;
+using model::pack_word;
+using model::partial;
 using model::splitmix64;
-
-// Deterministic, call-dependent partial sums of squares: nonnegative floats with full mantissas.
-float partial(uint64_t seed, int call_index, int64_t token, int rank, int which) {
-  return model::partial_from_hash(model::partial_hash(seed, call_index, token, rank, which));
-}
-uint64_t pack_word(float value, uint32_t tag) {
-  return static_cast<uint64_t>(float_bits(value)) | (static_cast<uint64_t>(tag) << 32);
-}
-uint32_t word_tag(uint64_t w) { return static_cast<uint32_t>(w >> 32); }
-float word_value(uint64_t w) { return bits_float(static_cast<uint32_t>(w)); }
+using model::word_tag;
+using model::word_value;
 
 class Model {
  public:
@@ -152,14 +147,7 @@ class Model {
   }
 
   void MaybeDelay(std::mt19937_64& rng, int one_in, int max_us) {
-    if (!k_.random_delays) return;
-    const uint64_t x = rng();
-    if (x % one_in != 0) return;
-    if ((x >> 32) % 4 == 0) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(1 + (x >> 40) % max_us));
-    }
+    if (k_.random_delays) model::maybe_delay(rng, one_in, max_us);
   }
 
   void RankMain(int r) {

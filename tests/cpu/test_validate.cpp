@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "swiftqk/comm_config.hpp"
 #include "swiftqk/error.hpp"
 #include "swiftqk/qk_norm_params.hpp"
 #include "swiftqk/types.hpp"
@@ -479,6 +480,46 @@ TEST_F(ValidateTest, ReplicatedKvHeadsAreNamed) {
               std::string::npos)
         << e.what();
   }
+}
+
+}  // namespace
+}  // namespace swiftqk
+
+namespace swiftqk {
+namespace {
+
+TEST(ValidateConfig, DefaultsAreValid) { EXPECT_NO_THROW(validate_config(CommConfig{})); }
+
+// A timeout becomes a nanosecond count on the device: every value that would overflow it, or is
+// not a number, is refused with a sentence naming the setting and the value.
+TEST(ValidateConfig, TimeoutMustBeFiniteAndInRange) {
+  for (double t : {std::numeric_limits<double>::infinity(), 1e30, 2e10, 3600.5, 0.0, -1.0, 1e-4,
+                   std::numeric_limits<double>::quiet_NaN()}) {
+    CommConfig c;
+    c.timeout_s = t;
+    try {
+      validate_config(c);
+      ADD_FAILURE() << "timeout_s = " << t << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("CommConfig.timeout_s"), std::string::npos) << e.what();
+    }
+  }
+  for (double t : {kMinTimeoutS, 0.2, 5.0, kMaxTimeoutS}) {
+    CommConfig c;
+    c.timeout_s = t;
+    EXPECT_NO_THROW(validate_config(c)) << t;
+  }
+}
+
+TEST(ValidateConfig, CapacityAndBudgetRanges) {
+  CommConfig c;
+  c.token_capacity = 0;
+  EXPECT_THROW(validate_config(c), Error);
+  c.token_capacity = (int64_t{1} << 31) + 1;
+  EXPECT_THROW(validate_config(c), Error);
+  c = CommConfig{};
+  c.sm_budget = -1;
+  EXPECT_THROW(validate_config(c), Error);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // before reading its inputs, and for the previous call's counter before using a slot bank.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,11 @@ struct PdlCase {
   int64_t tokens;
   Method method;
 };
+
+// gtest prints a parameter in the test's listing and in failures: readable values, not bytes.
+void PrintTo(const PdlCase& c, std::ostream* os) {
+  *os << "tp" << c.world << "_t" << c.tokens << "_" << to_string(c.method);
+}
 
 class Pdl : public ::testing::TestWithParam<PdlCase> {};
 

@@ -2,6 +2,7 @@
 // counts from 0 to beyond the workspace, dtypes, norm orders, layouts, both launch styles.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -29,13 +30,20 @@ struct Case {
 };
 
 std::string name_of(const Case& c) {
+  const char* layout = c.layout == Layout::kSeparate       ? "separate"
+                       : c.layout == Layout::kFusedInPlace ? "fused_in_place"
+                                                           : "fused_out_of_place";
   return "tp" + std::to_string(c.world) + "_t" + std::to_string(c.tokens) + "_q" +
          std::to_string(c.q_width) + "_k" + std::to_string(c.k_width) + "_" + to_string(c.in) +
-         "_" + to_string(c.order) + "_layout" + std::to_string(static_cast<int>(c.layout)) +
+         "_" + to_string(c.order) + "_" + layout +
          (c.launch == Launch::kGroup ? "_group" : "_streams") +
          (c.method == Method::kSwiftQK ? "" : "_" + to_string(c.method)) +
-         (c.sm_budget == 0 ? "" : "_sms" + std::to_string(c.sm_budget));
+         (c.sm_budget == 0 ? "" : "_sms" + std::to_string(c.sm_budget)) +
+         (c.capacity == 16384 ? "" : "_cap" + std::to_string(c.capacity));
 }
+
+// gtest prints a parameter in the test's listing and in failures: the readable name, not bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << name_of(c); }
 
 // Runs `calls` consecutive calls with fresh inputs each, checking every one.
 void run_case(const Case& c, int calls = 2) {

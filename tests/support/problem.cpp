@@ -299,4 +299,37 @@ bool outputs_untouched(const Problem& p, int world, const RankData& d) {
   return true;
 }
 
+Census census_rank(const Problem& p, int world, int rank, const RankData& d) {
+  const int64_t T = p.tokens, qs = p.q_width / world, ks = p.k_width / world;
+  const QkNormParams& prm = d.params;
+  std::vector<double> q(T * qs), k(T * ks);
+  gather(prm.q.out, prm.q.out_stride, T, qs, qs, 0, p.out(), q);
+  gather(prm.k.out, prm.k.out_stride, T, ks, ks, 0, p.out(), k);
+  const std::vector<double> gq = p.gold_q(), gk = p.gold_k();
+  Census c;
+  // NaNs are counted, then replaced by the gold value, so one tolerance pass counts the rest.
+  auto classify = [&](std::vector<double>& got, const std::vector<double>& gold, int64_t width,
+                      int64_t full, int64_t col0) {
+    std::vector<double> slice(got.size());
+    int64_t nan = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < width; ++j) {
+        const double g = gold[t * full + col0 + j];
+        slice[t * width + j] = g;
+        if (std::isnan(got[t * width + j])) {
+          ++nan;
+          got[t * width + j] = g;
+        }
+      }
+    }
+    const int64_t wrong = ref::count_out_of_tolerance(got, slice, p.out(), p.order);
+    c.nan += nan;
+    c.wrong += wrong;
+    c.correct += static_cast<int64_t>(got.size()) - nan - wrong;
+  };
+  classify(q, gq, qs, p.q_width, rank * qs);
+  classify(k, gk, ks, p.k_width, rank * ks);
+  return c;
+}
+
 }  // namespace swiftqk::testing

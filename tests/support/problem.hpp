@@ -134,4 +134,15 @@ Check check_rank(const Problem& p, int world, int rank, const RankData& d);
 /// Throws unless every rank's output buffer still holds the poison (nothing written).
 bool outputs_untouched(const Problem& p, int world, const RankData& d);
 
+/// What one rank's outputs hold after a call that may have failed: every element is NaN (what a
+/// failed call writes), correct (within the dtype's tolerance of the float64 gold), or wrong
+/// (finite and out of tolerance: a silent error, which must never happen).
+struct Census {
+  int64_t nan = 0, correct = 0, wrong = 0;
+  int64_t total() const { return nan + correct + wrong; }
+  bool all_nan() const { return nan == total(); }
+  bool all_correct() const { return correct == total(); }
+};
+Census census_rank(const Problem& p, int world, int rank, const RankData& d);
+
 }  // namespace swiftqk::testing

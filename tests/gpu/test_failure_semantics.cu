@@ -1,0 +1,407 @@
+// Failure semantics on one GPU (virtual ranks, and in-process ranks that meet through
+// IpcBootstrap): a fault is loud (every later output NaN, the host raises naming rank, peer and
+// token), contained (a second kernel of one communicator is caught on the device), recoverable
+// (a collective reset, then correct calls) and tears down without a peer writing into freed
+// memory. Every scenario asserts what the caller sees, and that no output element is ever
+// finite and wrong.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "problem.hpp"
+
+namespace swiftqk::testing {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+cudaStream_t new_stream() {
+  cudaStream_t s;
+  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+// What check_error() raised, or "" if it raised nothing.
+std::string error_of(const Communicator& c) {
+  try {
+    c.check_error();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The whole output buffer (both shards and rstd) as bytes, for bitwise comparisons.
+std::vector<uint8_t> output_bytes(const RankData& d) {
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  std::vector<uint8_t> b(d.out.bytes() + d.rstd.bytes());
+  SWIFTQK_CUDA_TRY(cudaMemcpy(b.data(), d.out.get(), d.out.bytes(), cudaMemcpyDeviceToHost));
+  SWIFTQK_CUDA_TRY(
+      cudaMemcpy(b.data() + d.out.bytes(), d.rstd.get(), d.rstd.bytes(), cudaMemcpyDeviceToHost));
+  return b;
+}
+
+// A late peer: rank 0 times out alone, then rank 1 calls. Rank 0's error names rank 1 and a
+// token; rank 1 stops at once (it does not wait out its own timeout) and names rank 0; both
+// outputs are NaN, in place included (the inputs are lost, as documented).
+TEST(FailureSemantics, LatePeerFailsLoudlyOnBothRanks) {
+  REQUIRE_GPU();
+  CommConfig cfg;
+  cfg.timeout_s = 1.0;
+  auto comms = Communicator::create_local_group({0, 0}, cfg);
+  Problem p = Problem::random(64, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 21);
+  RankData r0 = make_rank(p, 2, 0, Layout::kFusedInPlace);
+  RankData r1 = make_rank(p, 2, 1, Layout::kSeparate);
+  poison(r1, nullptr);
+  cudaStream_t s0 = new_stream(), s1 = new_stream();
+
+  auto start = Clock::now();
+  launch_qk_norm(comms[0], r0.params, s0);
+  EXPECT_THROW(comms[0].synchronize(s0), Error);
+  const double t0 = seconds_since(start);
+  EXPECT_GE(t0, 0.9 * cfg.timeout_s);
+  EXPECT_LT(t0, 3.0 * cfg.timeout_s);
+  const DeviceFailure f0 = comms[0].failure();
+  EXPECT_EQ(f0.code, 1u);
+  EXPECT_EQ(f0.rank, 0);
+  EXPECT_EQ(f0.peer, 1);
+  EXPECT_GE(f0.token, 0);
+  EXPECT_LT(f0.token, p.tokens);
+  const std::string e0 = error_of(comms[0]);
+  EXPECT_NE(e0.find("rank 0 timed out waiting for rank 1"), std::string::npos) << e0;
+  EXPECT_NE(e0.find("token " + std::to_string(f0.token)), std::string::npos) << e0;
+  EXPECT_TRUE(census_rank(p, 2, 0, r0).all_nan()) << "rank 0 left a plausible output";
+
+  start = Clock::now();
+  launch_qk_norm(comms[1], r1.params, s1);  // the late peer
+  EXPECT_THROW(comms[1].synchronize(s1), Error);
+  EXPECT_LT(seconds_since(start), 0.5 * cfg.timeout_s) << "the late peer waited out a timeout";
+  const DeviceFailure f1 = comms[1].failure();
+  EXPECT_EQ(f1.code, 3u);
+  EXPECT_EQ(f1.rank, 1);
+  EXPECT_EQ(f1.peer, 0);
+  const std::string e1 = error_of(comms[1]);
+  EXPECT_NE(e1.find("rank 1 stopped because rank 0"), std::string::npos) << e1;
+  const Census c1 = census_rank(p, 2, 1, r1);
+  EXPECT_TRUE(c1.all_nan()) << c1.correct << " correct, " << c1.wrong << " wrong";
+  // The host refuses the next eager launch of either rank.
+  EXPECT_THROW(launch_qk_norm(comms[0], r0.params, s0), Error);
+  EXPECT_THROW(launch_qk_norm(comms[1], r1.params, s1), Error);
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s0));
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
+}
+
+// Graph replays go past the host: after a failure, a graph captured before it writes NaN on
+// every rank, at once, and a capture after it raises. A reset then gives 1000 correct calls,
+// each compared bit for bit with a call checked against float64.
+TEST(FailureSemantics, ReplaysAfterAFailureAreNaNAndResetRecovers) {
+  REQUIRE_GPU();
+  CommConfig cfg;
+  cfg.timeout_s = 0.3;
+  auto comms = Communicator::create_local_group({0, 0}, cfg);
+  std::vector<Communicator*> cp{&comms[0], &comms[1]};
+  Problem p = Problem::random(48, 2048, 512, DType::kBF16, NormOrder::kLlama, 1e-5f, 22);
+  RankData r0 = make_rank(p, 2, 0, Layout::kFusedOutOfPlace);
+  RankData r1 = make_rank(p, 2, 1, Layout::kFusedOutOfPlace);
+  cudaStream_t s = new_stream();
+  cudaGraphExec_t before = capture_graph(s, [&] {
+    launch_qk_norm_group(cp, {r0.params, r1.params}, s);
+  });
+  poison(r0, s);
+  poison(r1, s);
+  SWIFTQK_CUDA_TRY(cudaGraphLaunch(before, s));
+  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(s));
+  ASSERT_EQ(check_ranks(p, 2, {&r0, &r1}).wrong, 0);
+
+  launch_qk_norm(comms[0], r0.params, s);  // rank 1 never comes: a timeout
+  EXPECT_THROW(comms[0].synchronize(s), Error);
+  for (int i = 0; i < 4; ++i) {
+    poison(r0, s);
+    poison(r1, s);
+    const auto start = Clock::now();
+    EXPECT_EQ(cudaGraphLaunch(before, s), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_LT(seconds_since(start), 0.5 * cfg.timeout_s) << "a replay waited out a timeout";
+    EXPECT_TRUE(census_rank(p, 2, 0, r0).all_nan()) << "replay " << i;
+    EXPECT_TRUE(census_rank(p, 2, 1, r1).all_nan()) << "replay " << i;
+  }
+  EXPECT_EQ(comms[0].failure().code, 1u);
+  EXPECT_EQ(comms[1].failure().code, 3u);
+  EXPECT_EQ(comms[1].failure().peer, 0);
+
+  // A capture after the failure: the host check raises while capturing.
+  SWIFTQK_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  std::string raised;
+  try {
+    launch_qk_norm_group(cp, {r0.params, r1.params}, s);
+  } catch (const Error& e) {
+    raised = e.what();
+  }
+  cudaGraph_t g = nullptr;
+  (void)cudaStreamEndCapture(s, &g);
+  if (g != nullptr) SWIFTQK_CUDA_TRY(cudaGraphDestroy(g));
+  (void)cudaGetLastError();
+  EXPECT_NE(raised.find("timed out"), std::string::npos) << raised;
+
+  comms[0].reset();  // a local group resets as a whole
+  EXPECT_EQ(comms[0].failure().code, 0u);
+  EXPECT_EQ(comms[1].failure().code, 0u);
+  poison(r0, s);
+  poison(r1, s);
+  SWIFTQK_CUDA_TRY(cudaGraphLaunch(before, s));
+  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(s));
+  ASSERT_EQ(check_ranks(p, 2, {&r0, &r1}).wrong, 0);
+  const std::vector<uint8_t> want0 = output_bytes(r0), want1 = output_bytes(r1);
+  int mismatched = 0;
+  for (int i = 0; i < 1000; ++i) {
+    poison(r0, s);
+    poison(r1, s);
+    SWIFTQK_CUDA_TRY(cudaGraphLaunch(before, s));
+    if (output_bytes(r0) != want0 || output_bytes(r1) != want1) ++mismatched;
+  }
+  EXPECT_EQ(mismatched, 0);
+  EXPECT_EQ(error_of(comms[0]), "");
+  EXPECT_EQ(error_of(comms[1]), "");
+  SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(before));
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s));
+}
+
+// Holds both streams until released, so two graph replays start together.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  static void CUDART_CB wait(void* self) {
+    Gate* g = static_cast<Gate*>(self);
+    std::unique_lock<std::mutex> lock(g->mu);
+    g->cv.wait(lock, [g] { return g->open; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+};
+
+// Two graphs of the same communicators replayed at once on two streams (each within half the
+// SMs, so both are resident together): the device catches the second kernel, the outputs are
+// correct or NaN, never mixed, and a reset recovers.
+TEST(FailureSemantics, TwoReplaysAtOnceAreCaughtNotMixed) {
+  REQUIRE_GPU();
+  int sms = 0;
+  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CommConfig cfg;
+  cfg.timeout_s = 1.0;
+  cfg.sm_budget = sms / 2 - 1;
+  auto comms = Communicator::create_local_group({0, 0}, cfg);
+  std::vector<Communicator*> cp{&comms[0], &comms[1]};
+  Problem p = Problem::random(4096, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 23);
+  RankData a0 = make_rank(p, 2, 0, Layout::kSeparate), a1 = make_rank(p, 2, 1, Layout::kSeparate);
+  RankData b0 = make_rank(p, 2, 0, Layout::kSeparate), b1 = make_rank(p, 2, 1, Layout::kSeparate);
+  cudaStream_t sa = new_stream(), sb = new_stream(), sg = new_stream();
+  cudaGraphExec_t ga = capture_graph(sa, [&] {
+    launch_qk_norm_group(cp, {a0.params, a1.params}, sa);
+  });
+  cudaGraphExec_t gb = capture_graph(sb, [&] {
+    launch_qk_norm_group(cp, {b0.params, b1.params}, sb);
+  });
+  cudaEvent_t opened;
+  SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&opened, cudaEventDisableTiming));
+  int caught = 0;
+  for (int it = 0; it < 5; ++it) {
+    for (RankData* d : {&a0, &a1, &b0, &b1}) poison(*d, nullptr);
+    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    Gate gate;
+    SWIFTQK_CUDA_TRY(cudaLaunchHostFunc(sg, &Gate::wait, &gate));
+    SWIFTQK_CUDA_TRY(cudaEventRecord(opened, sg));
+    SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(sa, opened, 0));
+    SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(sb, opened, 0));
+    SWIFTQK_CUDA_TRY(cudaGraphLaunch(ga, sa));
+    SWIFTQK_CUDA_TRY(cudaGraphLaunch(gb, sb));
+    gate.release();
+    EXPECT_EQ(cudaStreamSynchronize(sa), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(sb), cudaSuccess);
+    int64_t nan = 0;
+    for (auto [d, r] : {std::pair{&a0, 0}, {&a1, 1}, {&b0, 0}, {&b1, 1}}) {
+      const Census c = census_rank(p, 2, r, *d);
+      EXPECT_EQ(c.wrong, 0) << "iteration " << it << ": a silently wrong output";
+      nan += c.nan;
+    }
+    const uint32_t code0 = comms[0].failure().code, code1 = comms[1].failure().code;
+    const bool failed = code0 != 0 || code1 != 0;
+    EXPECT_EQ(nan > 0, failed) << "NaN without an error, or an error with every output correct";
+    if (failed) {
+      ++caught;
+      EXPECT_TRUE(code0 == 2 || code1 == 2) << code0 << " " << code1;
+      const std::string e = error_of(code0 == 2 ? comms[0] : comms[1]);
+      EXPECT_NE(e.find("second kernel"), std::string::npos) << e;
+    }
+    comms[0].reset();
+  }
+  EXPECT_GE(caught, 1) << "the two replays never overlapped: the scenario did not happen";
+  for (RankData* d : {&a0, &a1}) poison(*d, nullptr);
+  SWIFTQK_CUDA_TRY(cudaGraphLaunch(ga, sa));
+  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(sa));
+  EXPECT_EQ(check_ranks(p, 2, {&a0, &a1}).wrong, 0) << "no recovery after reset";
+  EXPECT_EQ(error_of(comms[0]), "");
+  SWIFTQK_CUDA_TRY(cudaEventDestroy(opened));
+  SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ga));
+  SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(gb));
+  for (cudaStream_t x : {sa, sb, sg}) SWIFTQK_CUDA_TRY(cudaStreamDestroy(x));
+}
+
+// Virtual ranks launched apart, each on its own stream, the second 20 ms after the first: each
+// launch takes its share of the GPU, so both are resident together and complete.
+TEST(FailureSemantics, RanksLaunchedApartShareTheGpu) {
+  REQUIRE_GPU();
+  CommConfig cfg;
+  cfg.timeout_s = 2.0;
+  auto comms = Communicator::create_local_group({0, 0}, cfg);
+  Problem p = Problem::random(4096, 4096, 4096, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 24);
+  RankData r0 = make_rank(p, 2, 0, Layout::kSeparate), r1 = make_rank(p, 2, 1, Layout::kSeparate);
+  poison(r0, nullptr);
+  poison(r1, nullptr);
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  cudaStream_t s0 = new_stream(), s1 = new_stream();
+  const auto start = Clock::now();
+  launch_qk_norm(comms[0], r0.params, s0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  launch_qk_norm(comms[1], r1.params, s1);
+  comms[0].synchronize(s0);
+  comms[1].synchronize(s1);
+  EXPECT_LT(seconds_since(start), cfg.timeout_s);
+  EXPECT_EQ(check_ranks(p, 2, {&r0, &r1}).wrong, 0);
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s0));
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
+}
+
+// Two ranks of one process that meet through IpcBootstrap (as threads of an engine would).
+struct IpcPair {
+  std::vector<Communicator> comms;
+  explicit IpcPair(const CommConfig& cfg) {
+    IpcBootstrap b0(0, 2, 0, cfg), b1(1, 2, 0, cfg);
+    const std::vector<std::vector<uint8_t>> h{b0.local_handle(), b1.local_handle()};
+    comms.push_back(b0.connect(h));
+    comms.push_back(b1.connect(h));
+  }
+};
+
+// Teardown while a peer is late: rank 1's kernel still waits for rank 0 when rank 0 closes.
+// Rank 0's close waits at the barrier until rank 1 has finished (its wait times out) and closes
+// too; neither frees memory the other may still write.
+TEST(FailureSemantics, CloseWaitsForALatePeer) {
+  REQUIRE_GPU();
+  CommConfig cfg;
+  cfg.timeout_s = 0.5;
+  IpcPair pair(cfg);
+  Problem p = Problem::random(32, 2048, 2048, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 25);
+  RankData r1 = make_rank(p, 2, 1, Layout::kSeparate);
+  cudaStream_t s1 = new_stream();
+  launch_qk_norm(pair.comms[1], r1.params, s1);  // waits for rank 0, which never calls
+  std::string late_error;
+  std::thread late([&] {
+    try {
+      pair.comms[1].synchronize(s1);
+    } catch (const Error& e) {
+      late_error = e.what();
+    }
+    pair.comms[1].close();
+  });
+  const auto start = Clock::now();
+  EXPECT_NO_THROW(pair.comms[0].close());
+  const double secs = seconds_since(start);
+  late.join();
+  EXPECT_GE(secs, 0.8 * cfg.timeout_s) << "rank 0 closed before the late peer had finished";
+  EXPECT_LT(secs, 4.0 * cfg.timeout_s + 2.0);
+  EXPECT_NE(late_error.find("rank 1 timed out waiting for rank 0"), std::string::npos)
+      << late_error;
+  EXPECT_TRUE(pair.comms[0].closed() && pair.comms[1].closed());
+  EXPECT_THROW(launch_qk_norm(pair.comms[0], r1.params, s1), Error);
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
+}
+
+// A peer that never closes: close() gives up after its bound (2 x timeout_s + 1 s), naming it.
+TEST(FailureSemantics, CloseNamesAPeerThatNeverComes) {
+  REQUIRE_GPU();
+  CommConfig cfg;
+  cfg.timeout_s = 0.3;
+  IpcPair pair(cfg);
+  const auto start = Clock::now();
+  try {
+    pair.comms[0].close();
+    ADD_FAILURE() << "close() returned although rank 1 never came";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 did not reach the close barrier"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 4.0 * cfg.timeout_s + 2.0);
+  EXPECT_TRUE(pair.comms[0].closed());
+  EXPECT_NO_THROW(pair.comms[1].close());  // rank 0's barrier word is there: it passes
+}
+
+// A collective reset across in-process ranks after a late peer, then correct calls.
+TEST(FailureSemantics, CollectiveResetAfterALatePeer) {
+  REQUIRE_GPU();
+  CommConfig cfg;
+  cfg.timeout_s = 0.3;
+  IpcPair pair(cfg);
+  Problem p = Problem::random(40, 4096, 1024, DType::kF16, NormOrder::kOlmo2, 1e-6f, 26);
+  RankData r0 = make_rank(p, 2, 0, Layout::kSeparate), r1 = make_rank(p, 2, 1, Layout::kSeparate);
+  cudaStream_t s0 = new_stream(), s1 = new_stream();
+  launch_qk_norm(pair.comms[0], r0.params, s0);
+  EXPECT_THROW(pair.comms[0].synchronize(s0), Error);
+  launch_qk_norm(pair.comms[1], r1.params, s1);  // late: stops on rank 0's fault word
+  EXPECT_THROW(pair.comms[1].synchronize(s1), Error);
+  std::thread other([&] { pair.comms[1].reset(); });
+  pair.comms[0].reset();
+  other.join();
+  for (int call = 0; call < 20; ++call) {
+    p.refill(900 + call);
+    upload_inputs(p, 2, 0, r0, s0);
+    upload_inputs(p, 2, 1, r1, s1);
+    poison(r0, s0);
+    poison(r1, s1);
+    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    launch_qk_norm(pair.comms[0], r0.params, s0);
+    launch_qk_norm(pair.comms[1], r1.params, s1);
+    pair.comms[0].synchronize(s0);
+    pair.comms[1].synchronize(s1);
+    ASSERT_EQ(check_ranks(p, 2, {&r0, &r1}).wrong, 0) << "call " << call;
+  }
+  std::thread closer([&] { pair.comms[1].close(); });
+  pair.comms[0].close();
+  closer.join();
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s0));
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
+}
+
+TEST(FailureSemantics, UnboundedTimeoutsAreRefused) {
+  REQUIRE_GPU();
+  for (double t : {std::numeric_limits<double>::infinity(), 1e30, 2e10}) {
+    CommConfig cfg;
+    cfg.timeout_s = t;
+    try {
+      Communicator::create_local_group({0, 0}, cfg);
+      ADD_FAILURE() << "timeout_s " << t << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("timeout_s"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace swiftqk::testing

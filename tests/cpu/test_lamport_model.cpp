@@ -239,14 +239,7 @@ class Model {
   }
 
   void MaybeDelay(std::mt19937_64& rng, int one_in, int max_us) {
-    if (!k_.random_delays) return;
-    const uint64_t x = rng();
-    if (x % one_in != 0) return;
-    if ((x >> 32) % 4 == 0) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(1 + (x >> 40) % max_us));
-    }
+    if (k_.random_delays) model::maybe_delay(rng, one_in, max_us);
   }
 
   // Stores four words one at a time in a random order (a 16-byte store is not single-copy

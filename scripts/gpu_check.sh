@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Checks and measures SwiftQK on a GPU machine in one go; a summary is printed last.
-#   bash scripts/gpu_session.sh verify    GPU gtests (multi-GPU ones too), the Python tests, and
+#   bash scripts/gpu_check.sh verify    GPU gtests (multi-GPU ones too), the Python tests, and
 #                                         with several GPUs the one-process-per-GPU sweep of all
 #                                         five methods and the TP decode run
-#   bash scripts/gpu_session.sh sweep     the one-process-per-GPU sweep and its precision run alone
-#   bash scripts/gpu_session.sh decode    the TP decode run alone
-#   bash scripts/gpu_session.sh measure   virtual ranks against MiniMax fused, the precision
+#   bash scripts/gpu_check.sh sweep     the one-process-per-GPU sweep and its precision run alone
+#   bash scripts/gpu_check.sh decode    the TP decode run alone
+#   bash scripts/gpu_check.sh measure   virtual ranks against MiniMax fused, the precision
 #                                         study, the PyTorch baseline, TP-1 decode, sanitizers
-#   bash scripts/gpu_session.sh sanitize  compute-sanitizer memcheck, racecheck and synccheck on a
+#   bash scripts/gpu_check.sh sanitize  compute-sanitizer memcheck, racecheck and synccheck on a
 #                                         subset covering every kernel, TP 2 included (peer waits
 #                                         scaled by SWIFTQK_TEST_WAIT_SCALE, default 30)
-#   bash scripts/gpu_session.sh           verify and measure
+#   bash scripts/gpu_check.sh           verify and measure
 # The sweep and the decode run use one process per GPU at the TPs in TPS (default: every power of
 # two up to the GPU count, e.g. TPS="2 4"). Logs and JSON go to $OUT (default ./results, which git
 # ignores); $OUT/summary.txt is rewritten after every step, so a run stopped part-way keeps the
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 phase=${1:-all}
 case "$phase" in
   all | verify | sweep | decode | measure | sanitize) ;;
-  *) echo "gpu_session.sh: unknown phase '$phase' (all, verify, sweep, decode, measure, sanitize)" >&2
+  *) echo "gpu_check.sh: unknown phase '$phase' (all, verify, sweep, decode, measure, sanitize)" >&2
      exit 2 ;;
 esac
 OUT=${OUT:-$PWD/results}

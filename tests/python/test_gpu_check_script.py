@@ -1,4 +1,4 @@
-"""scripts/gpu_session.sh, run without a GPU against stand-ins for nvidia-smi, the GPU tests and
+"""scripts/gpu_check.sh, run without a GPU against stand-ins for nvidia-smi, the GPU tests and
 the benchmark: the `sweep` phase runs the one-process-per-GPU sweep at each TP asked for and
 nothing else, an unknown phase is refused, and a run stopped part-way leaves $OUT/summary.txt
 with every step that finished."""
@@ -40,7 +40,7 @@ echo "all configurations verified against the float64 reference (stand-in, TP $p
 def tree(tmp_path, gpus):
     for d in ("scripts", "bench", "build/tests", "build/bench", "bin"):
         (tmp_path / d).mkdir(parents=True)
-    shutil.copy(os.path.join(REPO, "scripts", "gpu_session.sh"), tmp_path / "scripts")
+    shutil.copy(os.path.join(REPO, "scripts", "gpu_check.sh"), tmp_path / "scripts")
     for f in ("ratio_table.py", "precision_table.py"):
         shutil.copy(os.path.join(REPO, "bench", f), tmp_path / "bench")
     for path, text in (("bin/nvidia-smi", FAKE_SMI), ("build/tests/swiftqk_gpu_tests", FAKE_GTESTS),
@@ -63,7 +63,7 @@ def sweep_files(tp):
 def test_sweep_runs_each_tp_asked_for_and_nothing_else(tmp_path):
     env = tree(tmp_path, 8)
     env["TPS"] = "2 4"
-    r = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_session.sh"), "sweep"], env=env,
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_check.sh"), "sweep"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     # Nothing else: no TP 8, no GPU tests, no Python tests (not part of a sweep).
@@ -78,7 +78,7 @@ def test_sweep_runs_each_tp_asked_for_and_nothing_else(tmp_path):
 
 def test_default_tps_are_the_powers_of_two_up_to_the_gpu_count(tmp_path):
     env = tree(tmp_path, 4)
-    r = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_session.sh"), "sweep"], env=env,
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_check.sh"), "sweep"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert set(os.listdir(tmp_path / "out")) == {"gpu.txt", "summary.txt"} | sweep_files(2) | \
@@ -87,7 +87,7 @@ def test_default_tps_are_the_powers_of_two_up_to_the_gpu_count(tmp_path):
 
 def test_an_unknown_phase_is_refused(tmp_path):
     env = tree(tmp_path, 2)
-    r = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_session.sh"), "verify-only"],
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_check.sh"), "verify-only"],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "unknown phase 'verify-only'" in r.stderr
@@ -97,7 +97,7 @@ def test_an_unknown_phase_is_refused(tmp_path):
 def test_a_run_stopped_part_way_keeps_the_summary_of_the_steps_that_finished(tmp_path):
     env = tree(tmp_path, 8)
     env.update(TPS="2 4", FAKE_SLOW_TP="4")
-    p = subprocess.Popen(["bash", str(tmp_path / "scripts" / "gpu_session.sh"), "sweep"],
+    p = subprocess.Popen(["bash", str(tmp_path / "scripts" / "gpu_check.sh"), "sweep"],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     deadline = time.time() + 60
@@ -117,7 +117,7 @@ def test_a_run_stopped_part_way_keeps_the_summary_of_the_steps_that_finished(tmp
 
 def test_one_gpu_sweep_says_there_is_nothing_to_run(tmp_path):
     env = tree(tmp_path, 1)
-    r = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_session.sh"), "sweep"], env=env,
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_check.sh"), "sweep"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "sweep: one GPU here, nothing to run one process per GPU" in r.stdout

@@ -56,6 +56,7 @@ struct Options {
   std::string mode = "graph";
   std::string commit = "unknown";
   bool pdl = false;  // fused methods launched with programmatic dependent launch (QkNormParams)
+  bool deterministic = false;  // SwiftQK in the deterministic mode (QkNormParams::deterministic)
 };
 
 // Times `body` (which enqueues work on s): graph mode captures launches_per_graph bodies and
@@ -152,6 +153,7 @@ inline json make_row(Method method, const Model& m, int tp, int64_t tokens, DTyp
   j["order"] = to_string(order);
   j["mode"] = o.mode;
   j["pdl"] = o.pdl && (method == Method::kSwiftQK || method == Method::kMiniMaxFused);
+  j["deterministic"] = o.deterministic && method == Method::kSwiftQK;
   j["median_us"] = st.median;
   j["p10_us"] = st.p10;
   j["p90_us"] = st.p90;

@@ -194,6 +194,7 @@ int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
             data.push_back(testing::make_rank(p, world, rank, testing::Layout::kSeparate));
             data.back().params.method = method;
             data.back().params.pdl = o.pdl;
+            data.back().params.deterministic = o.deterministic && method == Method::kSwiftQK;
           }
           p.refill(31337);
           testing::upload_inputs(p, world, rank, data[0], s);

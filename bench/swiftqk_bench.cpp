@@ -81,6 +81,7 @@ json run_method(const Options& o, Method method, const Model& m, int tp, Problem
       ranks.push_back(make_rank(p, tp, r, Layout::kSeparate));
       ranks.back().params.method = method;
       ranks.back().params.pdl = o.pdl;
+      ranks.back().params.deterministic = o.deterministic && method == Method::kSwiftQK;
     }
   }
   // Correctness first, on fresh inputs into poisoned outputs, in the mode being timed.
@@ -395,6 +396,8 @@ int main(int argc, char** argv) {
   app.add_flag("--pdl", o.pdl,
                "launch the fused methods with programmatic dependent launch (sm_90+): each "
                "launch may be scheduled while the one before it finishes");
+  app.add_flag("--deterministic", o.deterministic,
+               "run SwiftQK in the deterministic (TP-invariant) mode; the other methods as usual");
   last(app.add_option("--commit", o.commit, "commit recorded in the JSON"));
   last(app.add_option("--json", sw.json_path,
                       "write results as a JSON array here (rewritten after every configuration)")

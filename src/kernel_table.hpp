@@ -19,6 +19,7 @@ struct KernelKey {
   bool alone = false;  // a group of one rank: no exchange
   SlotLayout slots = SlotLayout::kTokenMajor;
   BlockOrder blocks = BlockOrder::kRankMajor;
+  bool deterministic = false;  // the canonical reduction order (QkNormParams::deterministic)
 };
 
 KernelFn pick_kernel_f32(const KernelKey& k);

@@ -190,8 +190,11 @@ void check_group_agrees(const std::vector<Communicator*>& comms,
     SWIFTQK_EXPECTS(
         p.tokens == p0.tokens && p.q_full_width == p0.q_full_width &&
             p.k_full_width == p0.k_full_width && p.in_dtype == p0.in_dtype && p.order == p0.order &&
-            p.eps == p0.eps && p.method == p0.method && p.pdl == p0.pdl,
-        who + " differs from slot 0 in tokens, full widths, dtype, order, eps, method or pdl");
+            p.eps == p0.eps && p.method == p0.method && p.pdl == p0.pdl &&
+            p.deterministic == p0.deterministic,
+        who +
+            " differs from slot 0 in tokens, full widths, dtype, order, eps, method, pdl or "
+            "deterministic");
     SWIFTQK_EXPECTS(s.peers == s0.peers,
                     who + " belongs to another group (its peer table differs from slot 0's)");
     for (std::size_t j = 0; j < i; ++j) {
@@ -226,6 +229,9 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   if (p0.tokens == 0) return;  // nothing to exchange; the call counter stays put on every rank
   // A group without working P2P (from_nccl) exchanges the fused methods' partials through NCCL.
   const bool nccl_fallback = !s0.p2p && !uses_nccl(p0.method);
+  SWIFTQK_EXPECTS(!(nccl_fallback && p0.deterministic),
+                  "launch: deterministic mode needs P2P between the ranks; this group exchanges "
+                  "through NCCL (no P2P), whose reduction order is not the canonical one");
   if (uses_nccl(p0.method) || nccl_fallback) {
     SWIFTQK_EXPECTS(comms.size() == 1, "launch: method " + to_string(p0.method) +
                                            " runs one rank per launch (NCCL needs one GPU per "
@@ -253,6 +259,15 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const int64_t per_launch = std::min(cap, kMaxLaunchTokens);
   const int block_target = block_threads_target(world);
   const int forced_vpt = forced_vectors_per_thread();
+  const bool det = p0.deterministic;
+  SWIFTQK_EXPECTS(!det || vector_path,
+                  "launch: deterministic mode needs rows of 16-byte vectors (16-byte aligned "
+                  "pointers, strides and widths in whole vectors)");
+  SWIFTQK_EXPECTS(!det || forced_vpt == 0,
+                  "launch: deterministic mode fixes the vectors per thread; unset SWIFTQK_VPT");
+  // The deterministic mode's shape: one warp per canonical segment (validated by validate_params).
+  const DeterministicShape det_shape =
+      det ? deterministic_kernel_shape(qw, kw, vec, world, block_target) : DeterministicShape{};
 
   detail::DeviceGuard guard(s0.device);
   const int sms = sm_count(s0.device);
@@ -274,6 +289,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     BlockOrder blocks;
   };
   auto orders_of = [&](int64_t chunk) {
+    if (det) return Orders{SlotLayout::kTokenMajor, BlockOrder::kRankMajor};  // its only ones
     return Orders{choose_slot_layout(world, p0.q_full_width, p0.k_full_width, chunk),
                   block_order(ranks, chunk)};
   };
@@ -303,6 +319,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
       key.alone = world == 1;
       key.slots = o.slots;
       key.blocks = o.blocks;
+      key.deterministic = det;
       KernelFn& f = l.of(o);
       f = detail::pick_kernel(p0.in_dtype, key);
       SWIFTQK_EXPECTS(f != nullptr, "launch: unknown dtype");
@@ -327,6 +344,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   // The packed blocks hold more rows, so fewer fit an SM: under a small SM budget every rank
   // must still get one.
   auto layout_for = [&](const PipelineDepth& depth) {
+    if (det) return layout_of(depth, det_shape.shape);
     Layout lay =
         layout_of(depth, choose_kernel_shape(qw, kw, vec, block_target, world, forced_vpt));
     const KernelShape packed = packed_kernel_shape(qw, kw, vec, block_target, world);
@@ -384,6 +402,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   // Every instantiation comes from one build: one of them answers for all.
   const bool pdl = p0.pdl && can_launch_pdl(lay.of(used[0]), s0.device);
   a.pdl = pdl ? 1 : 0;
+  a.det_q_slots = det_shape.q_slots;
 
   for (int64_t first = 0; first < p0.tokens; first += per_launch) {
     const int64_t chunk = std::min(per_launch, p0.tokens - first);
@@ -391,8 +410,10 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     a.tokens = chunk;
     // The chunk's token count is hashed too: a peer called with another token count must not
     // lend its partials to this call's first tokens (every token then times out, naming it).
+    // A rank in the deterministic mode never lends its partials to one that is not.
     a.config_hash = config_hash(p0.q_full_width, p0.k_full_width, world, p0.eps,
-                                static_cast<int>(p0.order), chunk);
+                                static_cast<int>(p0.order), chunk) ^
+                    (det ? kDeterministicHashSalt : 0u);
     a.blocks_per_rank = g.blocks_per_rank;
     for (int i = 0; i < ranks; ++i)
       a.r[i] = detail::rank_args_for(comms[i]->state(), params[i], first);

@@ -174,6 +174,35 @@ bool grid_is_full(int64_t tokens, int ranks, int tokens_per_block, int max_block
   return g.blocks_per_rank < ceil_div(tokens, tokens_per_block);
 }
 
+DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
+                                              int world, int block_threads) {
+  SWIFTQK_EXPECTS(world >= 1 && world <= kCanonicalSegments && (world & (world - 1)) == 0,
+                  "deterministic mode: TP degree " + std::to_string(world) +
+                      " must be a power of two up to " + std::to_string(kCanonicalSegments));
+  const int segments = kCanonicalSegments / world;  // per rank, of Q and of K each
+  const int64_t unit = static_cast<int64_t>(segments) * vec_elems;
+  SWIFTQK_EXPECTS(
+      vec_elems > 1 && q_width > 0 && k_width > 0 && q_width % unit == 0 && k_width % unit == 0,
+      "deterministic mode: local widths " + std::to_string(q_width) + " and " +
+          std::to_string(k_width) + " must be multiples of " + std::to_string(unit) + " (" +
+          std::to_string(segments) + " segments of " + std::to_string(vec_elems) +
+          "-element vectors)");
+  const int64_t seg_q = q_width / unit, seg_k = k_width / unit;  // vectors per segment
+  const int64_t q_slots = (seg_q + kCanonicalLanes - 1) / kCanonicalLanes;
+  const int64_t k_slots = (seg_k + kCanonicalLanes - 1) / kCanonicalLanes;
+  DeterministicShape d;
+  d.shape.vec_elems = vec_elems;
+  d.shape.group_threads = kCanonicalLanes * segments;
+  int vpt = 1;
+  while (vpt < q_slots + k_slots) vpt <<= 1;
+  const bool staged =
+      vpt <= kMaxVectorsPerThread && (q_width + k_width) / vec_elems <= kMaxStagedVectors;
+  d.shape.vectors_per_thread = staged ? vpt : 0;
+  d.q_slots = staged ? static_cast<int>(q_slots) : 0;
+  d.shape.tokens_per_block = std::max(1, std::min(block_threads, 1024) / d.shape.group_threads);
+  return d;
+}
+
 uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps, int order,
                      int64_t tokens) {
   // FNV-1a over the values every rank must agree on.

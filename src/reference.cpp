@@ -8,6 +8,7 @@
 #include <string>
 
 #include "swiftqk/error.hpp"
+#include "swiftqk/plan.hpp"
 
 namespace swiftqk {
 namespace ref {
@@ -235,6 +236,78 @@ double sum_of_squares_sharded(const double* row, int64_t width, int world) {
     total += partial;  // rank order, as every rank must combine identically
   }
   return total;
+}
+
+namespace {
+
+// One level of a butterfly over n values: every entry becomes v[j] + v[j ^ off], as a lane
+// adding its xor partner's value does (each pairwise add is commutative, so both partners get
+// the same bits).
+void butterfly_level(std::vector<float>& v, int off) {
+  std::vector<float> next(v.size());
+  for (std::size_t j = 0; j < v.size(); ++j) next[j] = v[j] + v[j ^ static_cast<std::size_t>(off)];
+  v.swap(next);
+}
+// The pairwise tree in index order (offsets 1, 2, 4, ...): the segments, then the ranks.
+float tree_sum(std::vector<float> v) {
+  for (std::size_t off = 1; off < v.size(); off <<= 1) butterfly_level(v, static_cast<int>(off));
+  return v[0];
+}
+
+// One canonical segment of `len` values: lane j of kCanonicalLanes takes vectors j, j + 32, ...
+// and adds each vector's fused-multiply-add chain to its total in order; the lanes' totals meet
+// in a warp's xor butterfly (offsets 16, 8, 4, 2, 1).
+float canonical_segment(const float* x, int64_t len, int vec) {
+  std::vector<float> lane(kCanonicalLanes);
+  const int64_t vectors = len / vec;
+  for (int j = 0; j < kCanonicalLanes; ++j) {
+    float a = 0.0f;
+    for (int64_t v = j; v < vectors; v += kCanonicalLanes) {
+      float s = 0.0f;
+      for (int e = 0; e < vec; ++e) s = std::fma(x[v * vec + e], x[v * vec + e], s);
+      a += s;
+    }
+    lane[j] = a;
+  }
+  for (int off = kCanonicalLanes / 2; off > 0; off >>= 1) butterfly_level(lane, off);
+  return lane[0];
+}
+
+void check_canonical(int64_t width, int vec, int world) {
+  SWIFTQK_EXPECTS(vec >= 1 && width > 0 && width % (int64_t{kCanonicalSegments} * vec) == 0,
+                  "canonical_sum_of_squares: width " + std::to_string(width) +
+                      " is not a multiple of 16 vectors of " + std::to_string(vec));
+  SWIFTQK_EXPECTS(world >= 1 && world <= kCanonicalSegments && (world & (world - 1)) == 0,
+                  "canonical_sum_of_squares: world must be a power of two up to 16");
+}
+
+// The leaves: each segment's sum times the scale, twice (the kernel's order of the products).
+std::vector<float> canonical_leaves(const float* row, int64_t width, int vec, float scale) {
+  const int64_t len = width / kCanonicalSegments;
+  std::vector<float> leaf(kCanonicalSegments);
+  for (int i = 0; i < kCanonicalSegments; ++i) {
+    leaf[i] = canonical_segment(row + i * len, len, vec) * scale * scale;
+  }
+  return leaf;
+}
+
+}  // namespace
+
+float canonical_sum_of_squares(const float* row, int64_t width, int vec_elems, float scale) {
+  check_canonical(width, vec_elems, 1);
+  return tree_sum(canonical_leaves(row, width, vec_elems, scale));
+}
+
+float canonical_sum_of_squares_ranks(const float* row, int64_t width, int vec_elems, float scale,
+                                     int world) {
+  check_canonical(width, vec_elems, world);
+  const std::vector<float> leaf = canonical_leaves(row, width, vec_elems, scale);
+  const int m = kCanonicalSegments / world;
+  std::vector<float> partial(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {  // a rank's own segments: its group's warps
+    partial[r] = tree_sum(std::vector<float>(leaf.begin() + r * m, leaf.begin() + (r + 1) * m));
+  }
+  return tree_sum(partial);  // the exchange: lane sl holds rank sl's partial
 }
 
 ErrorMetrics compare(const std::vector<double>& got, const std::vector<double>& ref) {

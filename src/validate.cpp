@@ -5,6 +5,7 @@
 
 #include "swiftqk/comm_config.hpp"
 #include "swiftqk/error.hpp"
+#include "swiftqk/plan.hpp"
 #include "swiftqk/qk_norm_params.hpp"
 
 namespace swiftqk {
@@ -109,6 +110,15 @@ void validate_params(const QkNormParams& p, int world) {
   const DType out_t = output_dtype_for(p.in_dtype);
   check_shard("q", p.q, p.tokens, p.q_full_width, world, p.in_dtype, out_t);
   check_shard("k", p.k, p.tokens, p.k_full_width, world, p.in_dtype, out_t);
+  if (p.deterministic) {
+    SWIFTQK_EXPECTS(p.method == Method::kSwiftQK,
+                    "deterministic mode needs Method::kSwiftQK (the baselines keep their own "
+                    "reduction orders)");
+    // Throws naming the TP degree or the widths that allow no canonical segments.
+    (void)deterministic_kernel_shape(p.q.width, p.k.width,
+                                     static_cast<int>(16 / dtype_size(p.in_dtype)), world,
+                                     kDefaultBlockThreads);
+  }
   if (p.tokens == 0) return;
 
   const std::size_t is = dtype_size(p.in_dtype), os = dtype_size(out_t);

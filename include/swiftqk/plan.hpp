@@ -17,6 +17,29 @@ struct KernelShape {
   int block_threads() const { return group_threads * tokens_per_block; }
 };
 
+/// The deterministic mode's canonical order: each full row of Q and of K is split into
+/// kCanonicalSegments equal segments; a segment's 16-byte vectors go to kCanonicalLanes lanes
+/// (lane j takes vectors j, j + 32, ...), each lane adds its vectors' sums in order, and the
+/// lanes' totals meet in a butterfly; the segments meet in a pairwise tree in index order, whose
+/// lower levels are a rank's own segments and whose upper levels are the ranks.
+constexpr int kCanonicalSegments = 16;
+constexpr int kCanonicalLanes = 32;
+
+/// @brief The kernel shape of the deterministic mode for local widths q_width, k_width (elements)
+/// of vec_elems-element vectors at TP `world` (a power of two dividing kCanonicalSegments): one
+/// warp per local segment, so group_threads = 32 * 16 / world; q_slots staged vectors of Q per
+/// thread (then as many of K as a segment of K needs); vectors_per_thread 0 (streamed) when a
+/// thread would stage more than kMaxVectorsPerThread. tokens_per_block fills block_threads.
+/// XORed into config_hash by ranks in the deterministic mode (bit 31 clear: the hash keeps it set).
+constexpr uint32_t kDeterministicHashSalt = 0x2c9e4a75u;
+
+struct DeterministicShape {
+  KernelShape shape;
+  int q_slots = 0;
+};
+DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
+                                              int world, int block_threads);
+
 /// Rows of more 16-byte vectors than this (16384 bf16 elements of Q+K) are streamed in two
 /// passes (the second hits L2) instead of being staged: four stages of a 32 KB row fill 128 KB
 /// of shared memory. The scalar path (vec_elems 1) always streams.

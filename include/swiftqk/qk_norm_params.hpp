@@ -38,6 +38,13 @@ struct QkNormParams {
   /// launched this way be scheduled early in turn. What it saves is launch latency between
   /// kernels. All ranks of a group launch must agree on it.
   bool pdl = false;
+  /// Deterministic (TP-invariant) mode: every sum of squares is taken in one canonical order
+  /// (16 equal segments of each full row, each reduced in a fixed order, combined in a fixed
+  /// binary tree; docs/design.md, "Deterministic mode"), so a token's output bits are the same
+  /// at every TP degree in {1, 2, 4, 8, 16} that divides the widths, for any token count, batch
+  /// and launch shape. Method::kSwiftQK only; the full widths must be multiples of 16 vectors of
+  /// 16 bytes (128 elements for 2-byte inputs). All ranks of a group must agree on it.
+  bool deterministic = false;
 };
 
 /// @brief Throws swiftqk::Error naming the first problem with p for a group of world_size ranks.

@@ -52,6 +52,18 @@ std::vector<double> rms_norm_emulated(const std::vector<double>& x, const std::v
 /// shards, combined in fp32 in rank order. Throws if width % world != 0.
 double sum_of_squares_sharded(const double* row, int64_t width, int world);
 
+/// @brief The deterministic mode's fp32 sum of squares of one full row (plan.hpp,
+/// kCanonicalSegments): `width` input values as floats (before any dequantisation scale), in
+/// vectors of vec_elems, each segment's sum multiplied by `scale` twice. Bit for bit what the
+/// kernel computes at every TP degree. Throws unless width is a multiple of 16 vectors.
+float canonical_sum_of_squares(const float* row, int64_t width, int vec_elems, float scale);
+
+/// @brief The same sum taken the way `world` ranks take it: each rank's segments in a pairwise
+/// tree, then the ranks' partials in a butterfly over the ranks (the kernel's two steps). Equal
+/// to canonical_sum_of_squares for every world in {1, 2, 4, 8, 16}; a check of the tree's split.
+float canonical_sum_of_squares_ranks(const float* row, int64_t width, int vec_elems, float scale,
+                                     int world);
+
 struct ErrorMetrics {
   double max_abs = 0, mean_abs = 0, rmse = 0;
   int64_t count = 0;      // elements compared

@@ -8,11 +8,11 @@
 namespace swiftqk::detail {
 
 template <typename Tin, int VEC, int VPT, bool kLamport, bool kAlone, SlotLayout kSlots,
-          BlockOrder kBlocks>
+          BlockOrder kBlocks, bool kDet = false>
 KernelFn pick_norm_order(NormOrder o) {
   return o == NormOrder::kOlmo2
-             ? swiftqk_fused_kernel<Tin, VEC, VPT, true, kLamport, kAlone, kSlots, kBlocks>
-             : swiftqk_fused_kernel<Tin, VEC, VPT, false, kLamport, kAlone, kSlots, kBlocks>;
+             ? swiftqk_fused_kernel<Tin, VEC, VPT, true, kLamport, kAlone, kSlots, kBlocks, kDet>
+             : swiftqk_fused_kernel<Tin, VEC, VPT, false, kLamport, kAlone, kSlots, kBlocks, kDet>;
 }
 
 template <typename Tin, int VEC, int VPT, bool kLamport, SlotLayout kSlots>
@@ -31,6 +31,18 @@ KernelFn pick_block_order(const KernelKey& k) {
 template <typename Tin, int VEC, int VPT>
 KernelFn pick_method(const KernelKey& k) {
   constexpr SlotLayout kTM = SlotLayout::kTokenMajor;
+  constexpr BlockOrder kRM = BlockOrder::kRankMajor;
+  // The deterministic mode exists for the SwiftQK exchange on the vector path, in the default
+  // slot and block orders only (the host rejects or replaces every other choice).
+  if (k.deterministic) {
+    if constexpr (VEC == 1) {
+      return nullptr;
+    } else {
+      if (k.method != Method::kSwiftQK) return nullptr;
+      return k.alone ? pick_norm_order<Tin, VEC, VPT, false, true, kTM, kRM, true>(k.order)
+                     : pick_norm_order<Tin, VEC, VPT, false, false, kTM, kRM, true>(k.order);
+    }
+  }
   if (k.alone) {
     return k.method == Method::kMiniMaxFused
                ? pick_norm_order<Tin, VEC, VPT, true, true, kTM, BlockOrder::kRankMajor>(k.order)

@@ -390,9 +390,14 @@ __device__ __forceinline__ float inv_rms(float sum_sq, float inv_full, float eps
 /// (choose_block_order); only kernels with peers are instantiated interleaved.
 /// Token and vector indices are 32-bit (the host splits launches at kMaxLaunchTokens): the
 /// kernel is short of issue slots, and 64-bit index arithmetic was a third of its instructions.
+/// kDet is the deterministic (TP-invariant) mode: every sum of squares follows the canonical
+/// order of docs/design.md ("Deterministic mode"), whatever the TP degree and launch shape. A
+/// group is then 32 lanes per segment of the rank's row (the host sets G = 32 * 16 / world), warp
+/// w of a group reduces segment w of Q and of K, and each segment's sum is scaled by the input
+/// scale squared before the segments are added.
 template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport, bool kAlone,
           SlotLayout kSlotOrder = SlotLayout::kTokenMajor,
-          BlockOrder kBlockOrder = BlockOrder::kRankMajor>
+          BlockOrder kBlockOrder = BlockOrder::kRankMajor, bool kDet = false>
 __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
     swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -462,11 +467,9 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   // loads; the other blocks read the claim just before the barrier below, once block 0's has
   // most likely landed.
   unsigned long long claim_seen = 0;
-  bool failed_at_entry = false;
   if (!kAlone && threadIdx.x == 0) {
     s_note.code = 0u;
     if (lblock == 0) claim_seen = atomicOr(claim_word(ra.state), claim_of(0u, grid_owner_id()));
-    failed_at_entry = group_failed(ra, a.world, a.capacity);
   }
   const uint32_t lamport_call = kLamport && !kAlone ? load_volatile(&ra.state->lamport_call) : 0u;
   const int step = a.blocks_per_rank * a.tokens_per_block;
@@ -489,17 +492,42 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   constexpr int kSlots = VPT > 0 ? VPT : 1;
   bool v_in[kSlots], v_q[kSlots];
   int v_off[kSlots];
+  [[maybe_unused]] int v_idx[kSlots];  // deterministic mode: the slot's vector in the row
+  // Deterministic mode: segment lengths in vectors (the rank's row holds G / 32 segments of Q
+  // and as many of K).
+  [[maybe_unused]] const int seg_q = kDet ? nq / (G >> 5) : 0;
+  [[maybe_unused]] const int seg_k = kDet ? (n - nq) / (G >> 5) : 0;
 #pragma unroll
   for (int v = 0; v < kSlots; ++v) {
-    const int i = gt + v * G;
-    v_in[v] = VPT > 0 && i < n;
-    v_q[v] = i < nq;
-    v_off[v] = (v_q[v] ? i : i - nq) * VEC;
+    if constexpr (kDet) {
+      // Slot v < det_q_slots holds Q vector lane + 32 v of the warp's segment, the others K
+      // vector lane + 32 (v - det_q_slots) of it.
+      v_q[v] = v < a.det_q_slots;
+      const int c = v_q[v] ? v : v - a.det_q_slots;
+      const int j = lane + 32 * c;
+      v_in[v] = VPT > 0 && j < (v_q[v] ? seg_q : seg_k);
+      const int i = (gt >> 5) * (v_q[v] ? seg_q : seg_k) + j;
+      v_off[v] = i * VEC;
+      v_idx[v] = v_q[v] ? i : nq + i;
+    } else {
+      const int i = gt + v * G;
+      v_in[v] = VPT > 0 && i < n;
+      v_q[v] = i < nq;
+      v_off[v] = (v_q[v] ? i : i - nq) * VEC;
+    }
   }
 
   // This thread's vector 0 of stage s; its slot v is G vectors further (only the thread that
-  // copies a vector ever reads it, so cp_async_wait alone makes it visible: no barrier).
+  // copies a vector ever reads it, so cp_async_wait alone makes it visible: no barrier). In the
+  // deterministic mode a slot's vector sits at its place in the row instead.
   InVec* const my_stage0 = reinterpret_cast<InVec*>(s_stage) + g * n + gt;
+  auto slot_pos = [&](int v) {
+    if constexpr (kDet) {
+      return v_idx[v] - gt;
+    } else {
+      return v * G;
+    }
+  };
   const int stage_vectors = a.tokens_per_block * n;
   auto stage = [&](int s) { return my_stage0 + s * stage_vectors; };
   const uint32_t my_stage0_s = static_cast<uint32_t>(__cvta_generic_to_shared(my_stage0));
@@ -516,7 +544,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
           if (v_in[v]) {
-            cp_async16(dst + static_cast<uint32_t>(v * G) * 16u,
+            cp_async16(dst + static_cast<uint32_t>(slot_pos(v)) * 16u,
                        (v_q[v] ? q_next : k_next) + v_off[v]);
           }
         }
@@ -562,6 +590,9 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   }
   for (int s = 0; s < ahead; ++s) issue(s);
   if (!kAlone && threadIdx.x == 0) {
+    // The fault word is read only now, after the weights' and rows' copies are issued: its value
+    // is needed at once, so read any earlier it would hold this warp's copies back.
+    const bool failed_at_entry = group_failed(ra, a.world, a.capacity);
     // One kernel at a time per communicator. Block 0 claimed the rank: it must have been free.
     // The other blocks take part only once they see the rank owned by this kernel exactly (they
     // wait, bounded, for block 0's claim to land); any other owner is a second kernel running at
@@ -628,11 +659,23 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
       const InVec* x = stage(cur);
 #pragma unroll
       for (int v = 0; v < VPT; ++v) {
-        if (active && v_in[v]) accumulate<Tin, VEC>(load_vec(x + v * G), v_q[v], sq, sk);
+        if (active && v_in[v]) accumulate<Tin, VEC>(load_vec(x + slot_pos(v)), v_q[v], sq, sk);
       }
     } else if (active) {
-      for (int i = gt; i < n; i += G) {
-        accumulate<Tin, VEC>(load_vec(row_vec<Tin, VEC>(ra, t, i, nq)), i < nq, sq, sk);
+      if constexpr (kDet) {  // the canonical order, read from global memory
+        const int w0 = gt >> 5;
+        for (int j = lane; j < seg_q; j += 32) {
+          accumulate<Tin, VEC>(load_vec(row_vec<Tin, VEC>(ra, t, w0 * seg_q + j, nq)), true, sq,
+                               sk);
+        }
+        for (int j = lane; j < seg_k; j += 32) {
+          accumulate<Tin, VEC>(load_vec(row_vec<Tin, VEC>(ra, t, nq + w0 * seg_k + j, nq)), false,
+                               sq, sk);
+        }
+      } else {
+        for (int i = gt; i < n; i += G) {
+          accumulate<Tin, VEC>(load_vec(row_vec<Tin, VEC>(ra, t, i, nq)), i < nq, sq, sk);
+        }
       }
     }
     cur = wrap(cur + 1);
@@ -648,6 +691,10 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
         sq += __shfl_xor_sync(kFullMask, sq, off);
         sk += __shfl_xor_sync(kFullMask, sk, off);
       }
+    }
+    if constexpr (kDet) {  // a segment's sum, scaled before the segments are added
+      sq = sq * ra.q_in_scale * ra.q_in_scale;
+      sk = sk * ra.k_in_scale * ra.k_in_scale;
     }
     // A group of a warp or less: every lane already holds the group's sums, no barrier is needed.
     if (!warp_or_less) {
@@ -666,8 +713,10 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
       // second barrier and no warp waiting on the first one's square root.
       if (active_write) {
         const float2 p = group_partials();
-        const float rq = inv_rms(p.x * ra.q_in_scale * ra.q_in_scale, a.q_inv_full, a.eps);
-        const float rk = inv_rms(p.y * ra.k_in_scale * ra.k_in_scale, a.k_inv_full, a.eps);
+        const float rq =
+            inv_rms(kDet ? p.x : p.x * ra.q_in_scale * ra.q_in_scale, a.q_inv_full, a.eps);
+        const float rk =
+            inv_rms(kDet ? p.y : p.y * ra.k_in_scale * ra.k_in_scale, a.k_inv_full, a.eps);
         rs = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
         if (gt == 0 && ra.rstd_out != nullptr) {
           ra.rstd_out[2 * static_cast<int64_t>(tw)] = rq;
@@ -683,8 +732,8 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
         float q = 0.f, k = 0.f;
         if (active) {
           const float2 p = group_partials();
-          q = p.x * ra.q_in_scale * ra.q_in_scale;
-          k = p.y * ra.k_in_scale * ra.k_in_scale;
+          q = kDet ? p.x : p.x * ra.q_in_scale * ra.q_in_scale;
+          k = kDet ? p.y : p.y * ra.k_in_scale * ra.k_in_scale;
           if constexpr (kLamport) {
             lamport_publish(a, ra, t, static_cast<int>(call), q, k, sl, W);
           } else {
@@ -736,9 +785,15 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
           if (v_in[v]) {
+            const OutVec* wv;
+            if constexpr (kDet) {
+              wv = s_weight + v_idx[v];
+            } else {
+              wv = my_weight + v * G;
+            }
             store_vec(reinterpret_cast<OutVec*>((v_q[v] ? q_dst : k_dst) + v_off[v]),
-                      normalize_vec<Tin, Tout, VEC, kOlmo2>(
-                          load_vec(x + v * G), load_vec(my_weight + v * G), v_q[v] ? rs.x : rs.y));
+                      normalize_vec<Tin, Tout, VEC, kOlmo2>(load_vec(x + slot_pos(v)), load_vec(wv),
+                                                            v_q[v] ? rs.x : rs.y));
           }
         }
       } else {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "swiftqk/comm_config.hpp"
 #include "swiftqk/error.hpp"
 #include "swiftqk/qk_norm_params.hpp"
@@ -16,24 +17,10 @@
 namespace swiftqk {
 namespace {
 
+using testing::expect_error;
+
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// Runs fn, which must throw swiftqk::Error whose what() contains `needle`.
-template <typename Fn>
-::testing::AssertionResult ThrowsErrorWith(Fn&& fn, const std::string& needle) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    if (what.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure()
-           << "what() = \"" << what << "\" lacks \"" << needle << "\"";
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "threw a non-swiftqk exception: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "did not throw";
-}
 
 // TP 2 of Q 4096 / K 1024: local widths 2048 / 512; a fused QKV row holds Hq/N + 2 Hk/N.
 constexpr int kTp = 2;
@@ -90,7 +77,7 @@ class ValidateTest : public ::testing::Test {
 
   ::testing::AssertionResult Rejects(const QkNormParams& p, const std::string& needle,
                                      int world = kTp) {
-    return ThrowsErrorWith([&] { validate_params(p, world); }, needle);
+    return testing::throws_error([&] { validate_params(p, world); }, {needle});
   }
 
  private:
@@ -472,14 +459,7 @@ TEST_F(ValidateTest, ReplicatedKvHeadsAreNamed) {
   p.k_full_width = 1024;
   p.k.width = 128;
   p.k.in_stride = p.k.out_stride = 128;
-  try {
-    validate_params(p, 16);
-    ADD_FAILURE() << "replicated K heads were accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("add up to 2 x k_full_width: replicated heads"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_error([&] { validate_params(p, 16); }, "add up to 2 x k_full_width: replicated heads");
 }
 
 }  // namespace
@@ -487,6 +467,8 @@ TEST_F(ValidateTest, ReplicatedKvHeadsAreNamed) {
 
 namespace swiftqk {
 namespace {
+
+using testing::expect_error;
 
 TEST(ValidateConfig, DefaultsAreValid) { EXPECT_NO_THROW(validate_config(CommConfig{})); }
 
@@ -497,12 +479,8 @@ TEST(ValidateConfig, TimeoutMustBeFiniteAndInRange) {
                    std::numeric_limits<double>::quiet_NaN()}) {
     CommConfig c;
     c.timeout_s = t;
-    try {
-      validate_config(c);
-      ADD_FAILURE() << "timeout_s = " << t << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("CommConfig.timeout_s"), std::string::npos) << e.what();
-    }
+    SCOPED_TRACE(t);
+    expect_error([&] { validate_config(c); }, "CommConfig.timeout_s");
   }
   for (double t : {kMinTimeoutS, 0.2, 5.0, kMaxTimeoutS}) {
     CommConfig c;
@@ -514,12 +492,12 @@ TEST(ValidateConfig, TimeoutMustBeFiniteAndInRange) {
 TEST(ValidateConfig, CapacityAndBudgetRanges) {
   CommConfig c;
   c.token_capacity = 0;
-  EXPECT_THROW(validate_config(c), Error);
+  expect_error([&] { validate_config(c); }, {"CommConfig.token_capacity", "got 0"});
   c.token_capacity = (int64_t{1} << 31) + 1;
-  EXPECT_THROW(validate_config(c), Error);
+  expect_error([&] { validate_config(c); }, {"CommConfig.token_capacity", "got 2147483649"});
   c = CommConfig{};
   c.sm_budget = -1;
-  EXPECT_THROW(validate_config(c), Error);
+  expect_error([&] { validate_config(c); }, {"CommConfig.sm_budget", "got -1"});
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // counts from 0 to beyond the workspace, dtypes, norm orders, layouts, both launch styles.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -29,6 +30,21 @@ struct Case {
   int sm_budget = 0;  // 0: all SMs (kPerRankStreams splits them)
 };
 
+// eps as a name may spell it: 1e-05 reads 1em05 (gtest names are letters, digits and '_').
+std::string eps_name(float eps) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(eps));
+  std::string s = buf;
+  for (char& ch : s) {
+    if (ch == '-') ch = 'm';
+    if (ch == '.') ch = 'p';
+    if (ch == '+') ch = 'p';
+  }
+  return s;
+}
+
+// Every field that tells two cases apart; optional ones (method, SM budget, workspace, eps) only
+// where they differ from the default.
 std::string name_of(const Case& c) {
   const char* layout = c.layout == Layout::kSeparate       ? "separate"
                        : c.layout == Layout::kFusedInPlace ? "fused_in_place"
@@ -39,7 +55,8 @@ std::string name_of(const Case& c) {
          (c.launch == Launch::kGroup ? "_group" : "_streams") +
          (c.method == Method::kSwiftQK ? "" : "_" + to_string(c.method)) +
          (c.sm_budget == 0 ? "" : "_sms" + std::to_string(c.sm_budget)) +
-         (c.capacity == 16384 ? "" : "_cap" + std::to_string(c.capacity));
+         (c.capacity == 16384 ? "" : "_cap" + std::to_string(c.capacity)) +
+         (c.eps == 1e-6f ? "" : "_eps" + eps_name(c.eps));
 }
 
 // gtest prints a parameter in the test's listing and in failures: the readable name, not bytes.

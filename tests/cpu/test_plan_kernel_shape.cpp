@@ -1,0 +1,269 @@
+// Tests for choose_kernel_shape and packed_kernel_shape: every layout a row of any width gets,
+// at any TP degree and vector size, keeps the invariants the kernel relies on.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "swiftqk/plan.hpp"
+
+namespace swiftqk {
+namespace {
+
+using testing::expect_error;
+
+struct Widths {
+  int64_t q, k;
+};
+
+// Full (all-rank) Q/K widths of real models plus odd ones.
+const std::vector<Widths> kFullWidths = {
+    {2048, 2048}, {4096, 4096}, {5120, 5120}, {5120, 1024},
+    {6144, 1024}, {1000, 200},  {4100, 12},   {130000, 8},
+};
+const std::vector<int> kTp = {1, 2, 4, 8};
+// bf16 (16 B / 2), f32 (16 B / 4), fp8 (16 B / 1) and the scalar path.
+const std::vector<int> kVec = {8, 4, 16, 1};
+
+// Checks every invariant the kernel relies on; returns a description of the first violation.
+::testing::AssertionResult ShapeIsValid(const KernelShape& s, int64_t qw, int64_t kw, int vec,
+                                        int world = 1) {
+  const int64_t n = qw / vec + kw / vec;
+  auto fail = [&]() {
+    return ::testing::AssertionFailure()
+           << "q " << qw << " k " << kw << " vec " << vec << " (n = " << n << " vectors): vpt "
+           << s.vectors_per_thread << " group " << s.group_threads << " tokens/block "
+           << s.tokens_per_block << ": ";
+  };
+  if (s.vec_elems != vec) return fail() << "vec_elems " << s.vec_elems;
+  const bool streaming = vec == 1 || n > kMaxStagedVectors;
+  const int G = s.group_threads;
+  if (G < 32) {
+    // Narrower than a warp: staged rows only, a power of two, one lane per rank's slot.
+    if (streaming) return fail() << "a streaming group narrower than a warp";
+    if (G < kMinGroupThreads || (G & (G - 1)) != 0) return fail() << "sub-warp group size";
+    if (G < world) return fail() << "fewer lanes than ranks";
+  } else if (G % 32 != 0) {
+    return fail() << "group not whole warps";
+  }
+  if (G > 1024) return fail() << "group > 1024";
+  if (s.tokens_per_block < 1) return fail() << "tokens_per_block < 1";
+  if (s.block_threads() > 1024) return fail() << "block_threads > 1024";
+  if (s.block_threads() != s.group_threads * s.tokens_per_block) return fail() << "block_threads";
+  // Groups of whole warps each have a hardware barrier (and a slot of the kernel's 32-entry
+  // per-group arrays); narrower groups use neither.
+  if (G > 32 && s.tokens_per_block > kMaxGroupsPerBlock)
+    return fail() << "more groups than barriers";
+  if (streaming != (s.vectors_per_thread == 0)) return fail() << "streaming choice wrong";
+  if (!streaming) {
+    const int vpt = s.vectors_per_thread;
+    if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return fail() << "vectors_per_thread";
+    if (static_cast<int64_t>(G) * vpt < n) return fail() << "row does not fit";
+    // The deepest ring of the block's rows must fit the 227 KB of shared memory a block may use.
+    if (kMaxStages * 16 * n * s.tokens_per_block > kMaxStagedRingBytes && s.tokens_per_block > 1)
+      return fail() << "staged rows too large";
+    // No whole warp of the group holds nothing; a sub-warp group is no wider than it must be.
+    if (G > 32 && static_cast<int64_t>(G - 32) * vpt >= n) return fail() << "idle warp";
+    if (G < 32 && G > std::max(kMinGroupThreads, world) && static_cast<int64_t>(G / 2) * vpt >= n)
+      return fail() << "sub-warp group twice too wide";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ChooseKernelShape, AllModelShapesAndTpDegrees) {
+  int checked = 0, rejected = 0;
+  for (const Widths& full : kFullWidths) {
+    for (int tp : kTp) {
+      if (full.q % tp != 0 || full.k % tp != 0) continue;  // validate_params rejects these
+      const int64_t qw = full.q / tp, kw = full.k / tp;
+      for (int vec : kVec) {
+        SCOPED_TRACE("full " + std::to_string(full.q) + "/" + std::to_string(full.k) + " TP " +
+                     std::to_string(tp) + " vec " + std::to_string(vec));
+        if (qw % vec != 0 || kw % vec != 0) {
+          expect_error([&] { choose_kernel_shape(qw, kw, vec); }, "multiples of the vector size");
+          ++rejected;
+          continue;
+        }
+        EXPECT_TRUE(ShapeIsValid(choose_kernel_shape(qw, kw, vec), qw, kw, vec));
+        ++checked;
+      }
+    }
+  }
+  // The scalar path takes every shape, so each (shape, TP) that divides is checked at least once.
+  EXPECT_GT(checked, 80);
+  EXPECT_GT(rejected, 0);
+}
+
+TEST(ChooseKernelShape, KnownShapes) {
+  // bf16, 4096/1024 at TP 2: 2048 + 512 elements = 320 vectors, 4 a thread, 80 -> 96 threads.
+  KernelShape s = choose_kernel_shape(2048, 512, 8);
+  EXPECT_EQ(s.vectors_per_thread, 4);
+  EXPECT_EQ(s.group_threads, 96);
+  EXPECT_EQ(s.tokens_per_block, 2);
+  // Narrow rows at TP 8: 256 + 128 bf16 elements = 48 vectors, one warp, 2 vectors a thread.
+  s = choose_kernel_shape(256, 128, 8);
+  EXPECT_EQ(s.group_threads, 32);
+  EXPECT_EQ(s.vectors_per_thread, 2);
+  EXPECT_EQ(s.tokens_per_block, 8);
+  // 130000 + 8 scalar elements stream, 1024 threads a row.
+  s = choose_kernel_shape(130000, 8, 1);
+  EXPECT_EQ(s.vectors_per_thread, 0);
+  EXPECT_EQ(s.group_threads, 1024);
+  EXPECT_EQ(s.block_threads(), 1024);
+}
+
+TEST(ChooseKernelShape, BlockThreadsSetsGroupsPerBlock) {
+  // OLMoE alone (TP 1): 2048 + 2048 bf16 = 512 vectors, 128-thread groups.
+  EXPECT_EQ(choose_kernel_shape(2048, 2048, 8, kDefaultBlockThreads).tokens_per_block, 2);
+  EXPECT_EQ(choose_kernel_shape(2048, 2048, 8, kDefaultBlockThreadsAlone).tokens_per_block, 3);
+  // OLMo3-32B alone: 5120 + 1024 = 768 vectors, 192-thread groups: one per 256, two per 384.
+  EXPECT_EQ(choose_kernel_shape(5120, 1024, 8, 256).tokens_per_block, 1);
+  EXPECT_EQ(choose_kernel_shape(5120, 1024, 8, 384).tokens_per_block, 2);
+  // A group wider than the target still gets a block; groups of several warps stop at the
+  // barrier count, one-warp groups (which need no barrier) fill the block.
+  EXPECT_EQ(choose_kernel_shape(5120, 5120, 8, 32).tokens_per_block, 1);
+  EXPECT_EQ(choose_kernel_shape(528, 528, 8, 1024).group_threads, 64);  // 132 vectors
+  EXPECT_EQ(choose_kernel_shape(528, 528, 8, 1024).tokens_per_block, kMaxGroupsPerBlock);
+  // 256 vectors: the deepest ring of 5 x 4 KB rows holds 10 groups in kMaxStagedRingBytes.
+  EXPECT_EQ(choose_kernel_shape(1024, 1024, 8, 1024).tokens_per_block, 10);
+  EXPECT_EQ(choose_kernel_shape(256, 128, 8, 1024).tokens_per_block, 32);
+  for (int bad : {0, 31, 1025}) {
+    expect_error([&] { choose_kernel_shape(2048, 2048, 8, bad); },
+                 "block_threads must be in [32, 1024]");
+  }
+}
+
+TEST(ChooseKernelShape, BoundariesOfEachRegime) {
+  // n = vectors per row; the q/k split does not matter, only the total.
+  for (int64_t n : {1,   2,   31,  32,  33,   63,   64,   65,   127,  128,   129,
+                    130, 255, 256, 257, 1000, 2047, 2048, 2049, 4096, 100000}) {
+    for (int64_t q : {int64_t{0}, n / 2, n - 1}) {
+      if (q < 0 || n - q <= 0) continue;
+      for (int vec : kVec) {
+        SCOPED_TRACE("n " + std::to_string(n) + " q " + std::to_string(q) + " vec " +
+                     std::to_string(vec));
+        const KernelShape s = choose_kernel_shape(q * vec, (n - q) * vec, vec);
+        EXPECT_TRUE(ShapeIsValid(s, q * vec, (n - q) * vec, vec));
+      }
+    }
+  }
+  EXPECT_EQ(choose_kernel_shape(2048 * 8, 0, 8).vectors_per_thread, 4);
+  EXPECT_EQ(choose_kernel_shape(2048 * 8, 0, 8).group_threads, 512);
+  EXPECT_EQ(choose_kernel_shape(2048 * 8, 8, 8).vectors_per_thread, 0);
+  // The scalar path always streams, about 8 elements a thread, in whole warps.
+  EXPECT_EQ(choose_kernel_shape(32, 0, 1).vectors_per_thread, 0);
+  EXPECT_EQ(choose_kernel_shape(256, 0, 1).group_threads, 32);
+  EXPECT_EQ(choose_kernel_shape(257, 0, 1).group_threads, 64);
+  EXPECT_EQ(choose_kernel_shape(1 << 20, 0, 1).group_threads, 1024);
+  // Staged rows: 1, 2 or 4 vectors a thread by row length.
+  EXPECT_EQ(choose_kernel_shape(32 * 8, 0, 8).vectors_per_thread, 1);
+  EXPECT_EQ(choose_kernel_shape(33 * 8, 0, 8).vectors_per_thread, 2);
+  EXPECT_EQ(choose_kernel_shape(65 * 8, 0, 8).vectors_per_thread, 4);
+  EXPECT_EQ(choose_kernel_shape(128 * 8, 0, 8).group_threads, 32);
+  EXPECT_EQ(choose_kernel_shape(129 * 8, 0, 8).group_threads, 64);
+}
+
+// SWIFTQK_VPT forces the vectors per thread of staged rows: the row then takes the fewest lanes,
+// down to 8 (and never fewer than the ranks, which each need a lane of the exchange).
+TEST(ChooseKernelShape, ForcedVectorsPerThreadPacksShortRowsIntoPartWarps) {
+  // OLMoE at TP 8, bf16: 256 + 256 elements = 64 vectors.
+  KernelShape s = choose_kernel_shape(256, 256, 8, 256, 8, 4);
+  EXPECT_EQ(s.vectors_per_thread, 4);
+  EXPECT_EQ(s.group_threads, 16);
+  EXPECT_EQ(s.tokens_per_block, 16);
+  s = choose_kernel_shape(256, 256, 8, 256, 8, 8);
+  EXPECT_EQ(s.group_threads, 8);
+  EXPECT_EQ(s.tokens_per_block, 32);
+  EXPECT_EQ(choose_kernel_shape(256, 256, 8, 256, 16, 8).group_threads, 16);  // a lane per rank
+  EXPECT_EQ(choose_kernel_shape(256, 256, 8, 256, 32, 8).group_threads, 32);
+  EXPECT_EQ(choose_kernel_shape(256, 256, 8, 256, 1, 8).group_threads, 8);
+  // 96 vectors (OLMo3-32B at TP 8) at 8 a thread: 12 lanes, rounded up to 16.
+  EXPECT_EQ(choose_kernel_shape(640, 128, 8, 256, 8, 8).group_threads, 16);
+  // Longer rows stay whole warps: 512 vectors at 8 a thread.
+  s = choose_kernel_shape(2048, 2048, 8, 256, 2, 8);
+  EXPECT_EQ(s.group_threads, 64);
+  EXPECT_EQ(s.tokens_per_block, 4);
+  // Streaming rows ignore the override.
+  EXPECT_EQ(choose_kernel_shape(2048 * 8, 8, 8, 256, 2, 8).vectors_per_thread, 0);
+  EXPECT_EQ(choose_kernel_shape(256, 256, 1, 256, 2, 8).vectors_per_thread, 0);
+  // The ring of staged rows bounds the groups of a large block: 5 stages x 1 KB rows.
+  EXPECT_EQ(choose_kernel_shape(256, 256, 8, 1024, 8, 8).tokens_per_block,
+            kMaxStagedRingBytes / (kMaxStages * 16 * 64));
+  // Without the override the layout does not depend on the group size.
+  for (int world : {1, 2, 4, 8, 16}) {
+    const KernelShape d = choose_kernel_shape(256, 256, 8, 256, world);
+    EXPECT_EQ(d.group_threads, 32);
+    EXPECT_EQ(d.vectors_per_thread, 2);
+  }
+  // Every forced value on every regime's boundary gives a valid layout.
+  for (int64_t n : {1, 7, 8, 9, 16, 17, 64, 65, 128, 255, 256, 257, 1000, 2048}) {
+    for (int world : {1, 2, 8, 16, 32}) {
+      for (int vpt : {1, 2, 4, 8}) {
+        SCOPED_TRACE("n " + std::to_string(n) + " world " + std::to_string(world) + " vpt " +
+                     std::to_string(vpt));
+        if ((n + vpt - 1) / vpt > 1024) {
+          expect_error([&] { choose_kernel_shape(n * 8, 0, 8, 256, world, vpt); },
+                       "more than 1024");
+          continue;
+        }
+        const KernelShape f = choose_kernel_shape(n * 8, 0, 8, 256, world, vpt);
+        EXPECT_EQ(f.vectors_per_thread, vpt);
+        EXPECT_TRUE(ShapeIsValid(f, n * 8, 0, 8, world));
+      }
+    }
+  }
+}
+
+// With peers, rows of up to kMaxPackedVectors vectors have a packed alternative: 4 vectors a
+// thread in groups of 16 or 8 lanes, at least one lane per rank (the launch takes it when the GPU
+// is full).
+TEST(ChooseKernelShape, PackedShapeForShortRowsWithPeers) {
+  // OLMoE at TP 8, bf16: 64 vectors -> 16 lanes, 16 groups in 256 threads.
+  KernelShape s = packed_kernel_shape(256, 256, 8, 256, 8);
+  EXPECT_EQ(s.vectors_per_thread, 4);
+  EXPECT_EQ(s.group_threads, 16);
+  EXPECT_EQ(s.tokens_per_block, 16);
+  EXPECT_TRUE(ShapeIsValid(s, 256, 256, 8, 8));
+  // 8 vectors at TP 2: 2 lanes would do, the floor is 8.
+  EXPECT_EQ(packed_kernel_shape(32, 32, 8, 256, 2).group_threads, kMinGroupThreads);
+  // 16 ranks need 16 lanes.
+  EXPECT_EQ(packed_kernel_shape(32, 32, 8, 256, 16).group_threads, 16);
+  // Not applicable: alone, more ranks than a 16-lane group serves, longer rows, scalar path,
+  // streamed rows.
+  EXPECT_EQ(packed_kernel_shape(256, 256, 8, 256, 1).vectors_per_thread, 0);
+  EXPECT_EQ(packed_kernel_shape(256, 256, 8, 256, 32).vectors_per_thread, 0);
+  EXPECT_EQ(packed_kernel_shape(264, 256, 8, 256, 8).vectors_per_thread, 0);  // 65 vectors
+  EXPECT_EQ(packed_kernel_shape(256, 256, 1, 256, 8).vectors_per_thread, 0);
+  // Every row length up to the limit, every dtype's vector and every group size: valid.
+  for (int world : {2, 4, 8, 16}) {
+    for (int vec : {4, 8, 16}) {
+      for (int64_t n = 1; n <= kMaxPackedVectors; ++n) {
+        const KernelShape p = packed_kernel_shape(n * vec, 0, vec, kDefaultBlockThreads, world);
+        SCOPED_TRACE("n " + std::to_string(n) + " world " + std::to_string(world));
+        EXPECT_EQ(p.vectors_per_thread, 4);
+        EXPECT_LE(p.group_threads, 16);
+        EXPECT_TRUE(ShapeIsValid(p, n * vec, 0, vec, world));
+      }
+    }
+  }
+}
+
+TEST(ChooseKernelShape, BadArgumentsThrow) {
+  expect_error([] { choose_kernel_shape(2048, 100, 8); }, "multiples");
+  expect_error([] { choose_kernel_shape(2044, 1024, 8); }, "multiples");
+  expect_error([] { choose_kernel_shape(2048, 1024, 0); }, "vector size");
+  expect_error([] { choose_kernel_shape(2048, 1024, -8); }, "vector size");
+  expect_error([] { choose_kernel_shape(0, 0, 8); }, "empty rows");
+  expect_error([] { choose_kernel_shape(12, 4, 8); }, "multiples of the vector size");
+  expect_error([] { choose_kernel_shape(2048, 1024, 8, 256, 0); }, "world");
+  for (int bad : {-1, 3, 5, 16}) {
+    expect_error([&] { choose_kernel_shape(2048, 1024, 8, 256, 2, bad); },
+                 "forced vectors per thread");
+  }
+}
+
+}  // namespace
+}  // namespace swiftqk

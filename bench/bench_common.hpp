@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "model_shapes.hpp"
 #include "problem.hpp"
 #include "swiftqk/cuda_check.hpp"
 #include "swiftqk/plan.hpp"
@@ -28,14 +29,16 @@ struct Model {
   NormOrder order;  // what the model's own reference implementation does
 };
 
+/// The models of bench/models.json, the table the Python benchmarks read too (the header is
+/// generated from it at configure time: cmake/ModelShapes.cmake).
 inline const std::vector<Model>& known_models() {
-  static const std::vector<Model> m = {
-      {"olmoe", 2048, 2048, 1e-5f, NormOrder::kLlama},
-      {"olmo2-7b", 4096, 4096, 1e-6f, NormOrder::kOlmo2},
-      {"olmo2-13b", 5120, 5120, 1e-6f, NormOrder::kOlmo2},
-      {"olmo3-32b", 5120, 1024, 1e-6f, NormOrder::kOlmo2},
-      {"minimax-m2", 6144, 1024, 1e-6f, NormOrder::kLlama},
-  };
+  static const std::vector<Model> m = [] {
+    std::vector<Model> out;
+    for (const auto& s : generated::kModelShapes) {
+      out.push_back({s.name, s.q, s.k, static_cast<float>(s.eps), s.order});
+    }
+    return out;
+  }();
   return m;
 }
 

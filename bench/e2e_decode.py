@@ -30,13 +30,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_shapes  # noqa: E402
 
-MODELS = {  # hidden, heads, kv heads, head_dim, MLP width, eps, norm order, layers
-    "olmo2-13b": (5120, 40, 40, 128, 13824, 1e-6, "olmo2", 40),
-    "olmo3-32b": (5120, 40, 8, 128, 27648, 1e-6, "olmo2", 64),
-    "olmoe": (2048, 16, 16, 128, 8 * 1024, 1e-5, "llama", 16),
-    "tiny": (256, 8, 8, 32, 512, 1e-6, "olmo2", 2),
-}
+# hidden, heads, kv heads, head_dim, MLP width, eps, norm order, layers: the models of
+# bench/models.json with a decoder entry, and "tiny", a smoke-test shape that is no model.
+MODELS = {**model_shapes.decoder_shapes(), "tiny": (256, 8, 8, 32, 512, 1e-6, "olmo2", 2)}
 
 
 _KV_CACHES = {}

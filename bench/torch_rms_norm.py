@@ -7,15 +7,14 @@ does not flatter. With --swiftqk-json it prints SwiftQK TP-1 time against it, si
 """
 import argparse
 import json
+import os
 import statistics
+import sys
 
-MODELS = {  # name: (q width, k width, eps)
-    "olmoe": (2048, 2048, 1e-5),
-    "olmo2-7b": (4096, 4096, 1e-6),
-    "olmo2-13b": (5120, 5120, 1e-6),
-    "olmo3-32b": (5120, 1024, 1e-6),
-    "minimax-m2": (6144, 1024, 1e-6),
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_shapes  # noqa: E402
+
+MODELS = model_shapes.norm_shapes()  # name: (q width, k width, eps), from bench/models.json
 
 
 def time_torch(torch, q_width, k_width, eps, tokens, iters, launches):

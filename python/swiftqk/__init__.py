@@ -23,7 +23,7 @@ _C = _load()  # registers torch.ops.swiftqk and the communicator classes
 
 from ._C import Communicator, IpcBootstrap, create_local_group  # noqa: E402
 from .distributed import FallbackCommunicator, communicator_from_group  # noqa: E402
-from .module import METHODS, TPQKNorm  # noqa: E402
+from .module import METHODS, REFERENCE_METHODS, TPQKNorm  # noqa: E402
 from .ops import FUSED_METHODS, ORDERS, qk_norm, qk_norm_  # noqa: E402
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "IpcBootstrap",
     "METHODS",
     "ORDERS",
+    "REFERENCE_METHODS",
     "TPQKNorm",
     "__version__",
     "communicator_from_group",

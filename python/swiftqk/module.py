@@ -1,14 +1,27 @@
 """A drop-in QK-norm module for tensor-parallel attention, with selectable methods so that users
-can A/B them in their own engine."""
+can A/B them in their own engine.
+
+Two kinds of method:
+- the fused methods ("swiftqk", "minimax_fused"; ops.FUSED_METHODS) call the C++ op,
+  torch.ops.swiftqk.qk_norm: SwiftQK's kernel and the MiniMax-fused (Lamport) baseline, the same
+  code swiftqk_bench times.
+- REFERENCE_METHODS ("all_gather", "minimax_eager") are torch references of the paper's other
+  two baselines, written with torch.distributed collectives on the caller's process group: vLLM's
+  all-gather of the rows, and vLLM's MiniMax fallback ([T, 2] fp32 partial sums, one
+  all-reduce). They are not the C++ NCCL baselines that swiftqk_bench times (those need an NCCL
+  communicator, which Python does not create); they run on CPU too, and "minimax_eager" is what a
+  FallbackCommunicator (no working P2P) runs instead of the fused methods.
+"""
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from .distributed import FallbackCommunicator
-from .ops import _out_dtype, qk_norm
+from .ops import FUSED_METHODS, _out_dtype, qk_norm
 
-METHODS = ("swiftqk", "minimax_fused", "all_gather", "minimax_eager")
+REFERENCE_METHODS = ("all_gather", "minimax_eager")
+METHODS = tuple(FUSED_METHODS) + REFERENCE_METHODS
 
 
 def _scale_rows(x, w, rstd, order, out_dtype):
@@ -30,7 +43,8 @@ class TPQKNorm(nn.Module):
         comm: a swiftqk.Communicator or FallbackCommunicator (communicator_from_group); the
             fused methods need one. The torch methods ("all_gather", "minimax_eager") can run
             without one, on `group` (or TP 1 when there is no group).
-        method: "swiftqk" (default), "minimax_fused", "all_gather" or "minimax_eager".
+        method: "swiftqk" (default) or "minimax_fused" (the C++ op), or the torch references
+            "all_gather" or "minimax_eager" (module docstring).
         group: the TP process group for the torch methods (default: the communicator's).
         enable_pdl: launch the fused methods with programmatic dependent launch (qk_norm_).
     forward(q, k) takes this rank's [T, Hq/N] and [T, Hk/N] shards (views of a fused QKV
@@ -64,20 +78,21 @@ class TPQKNorm(nn.Module):
 
     def forward(self, q, k):
         method = self.method
-        if isinstance(self.comm, FallbackCommunicator) and method in ("swiftqk", "minimax_fused"):
+        if isinstance(self.comm, FallbackCommunicator) and method in FUSED_METHODS:
             method = "minimax_eager"
-        if method in ("swiftqk", "minimax_fused"):
+        if method in FUSED_METHODS:
             if self.comm is None:
                 raise ValueError("the fused methods need a communicator (even at TP 1)")
             return qk_norm(q, k, self.q_weight, self.k_weight, self.comm, self.q_full,
                            self.k_full, self.eps, self.order, method,
                            enable_pdl=self.enable_pdl)
         if method == "minimax_eager":
-            return self._minimax_eager(q, k)
-        return self._all_gather(q, k)
+            return self._minimax_eager_reference(q, k)
+        return self._all_gather_reference(q, k)
 
-    def _minimax_eager(self, q, k):
-        # [T, 2] fp32 partial sums, one all-reduce, then the scale (vLLM's MiniMax fallback).
+    def _minimax_eager_reference(self, q, k):
+        """Torch reference of MiniMax eager (vLLM's MiniMax fallback): [T, 2] fp32 partial sums,
+        one all-reduce over the group, then the scale."""
         stats = torch.stack([q.float().square().sum(-1), k.float().square().sum(-1)], dim=-1)
         if self.world > 1:
             dist.all_reduce(stats, group=self.group)
@@ -88,8 +103,9 @@ class TPQKNorm(nn.Module):
         return (_scale_rows(q, self.q_weight, rq, self.order, _out_dtype(q)),
                 _scale_rows(k, self.k_weight, rk, self.order, _out_dtype(k)))
 
-    def _all_gather(self, q, k):
-        # vLLM's OLMo2 path: gather the full rows, normalise them, keep this rank's slice.
+    def _all_gather_reference(self, q, k):
+        """Torch reference of All-Gather (vLLM's OLMo2 path): gather the full rows, normalise
+        them, keep this rank's slice."""
         def full_rstd(x, width):
             if self.world > 1:
                 parts = [torch.empty_like(x) for _ in range(self.world)]

@@ -81,8 +81,11 @@ def qk_norm_(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Normalises this rank's q [T, Hq/N] and k [T, Hk/N] shards by the RMS of the full rows.
 
-    Writes q_out/k_out (default: in place into q and k) and returns them. Every rank of the
-    communicator's group must make the same call. ``comm`` is a swiftqk.Communicator.
+    Writes q_out/k_out (default: in place into q and k) and returns them. An output is either
+    its input itself (in place; the schema's ``Tensor(a!)`` on the output then covers the input
+    it aliases) or memory that overlaps neither input. fp8 inputs cannot be normalised in place:
+    their outputs are bf16. Every rank of the communicator's group must make the same call.
+    ``comm`` is a swiftqk.Communicator.
     ``enable_pdl`` launches with programmatic dependent launch: the kernel may be scheduled
     while the previous kernel on the stream finishes, and waits for it before reading anything.
     Ignored unless both the GPU and the extension's build are sm_90 or later.
@@ -91,6 +94,10 @@ def qk_norm_(
         raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
     if method not in FUSED_METHODS:
         raise ValueError(f"method must be one of {sorted(FUSED_METHODS)}, got {method!r}")
+    for name, x, out in (("q", q, q_out), ("k", k, k_out)):
+        if out is None and x.dtype == torch.float8_e4m3fn:
+            raise ValueError(f"{name} is float8_e4m3fn and its output is bfloat16, so it cannot "
+                             f"be normalised in place: pass {name}_out, or use qk_norm")
     q_out = q if q_out is None else q_out
     k_out = k if k_out is None else k_out
     torch.ops.swiftqk.qk_norm(

@@ -106,3 +106,14 @@ def test_fallback_communicator_closes_like_a_communicator():
     c.close()
     c.close()
     assert c.closed
+
+
+def test_fp8_in_place_is_a_value_error():
+    # fp8 inputs give bf16 outputs, so an output cannot be its input.
+    swiftqk = swiftqk_or_skip()
+    a = args(dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="q is float8_e4m3fn .* cannot be normalised in place"):
+        swiftqk.qk_norm_(a["q"], a["k"], a["q_weight"], a["k_weight"], None, 128, 64, 1e-6)
+    with pytest.raises(ValueError, match="k is float8_e4m3fn"):
+        swiftqk.qk_norm_(a["q"], a["k"], a["q_weight"], a["k_weight"], None, 128, 64, 1e-6,
+                         q_out=a["q_out"])

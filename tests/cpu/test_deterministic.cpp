@@ -4,11 +4,11 @@
 
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "swiftqk/error.hpp"
 #include "swiftqk/plan.hpp"
 #include "swiftqk/qk_norm_params.hpp"
@@ -122,20 +122,12 @@ TEST(DeterministicShape, OneWarpPerLocalSegmentWithSlotsForItsVectors) {
   EXPECT_EQ(wide.shape.vectors_per_thread, 0);
 }
 
-void expect_error_with(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 TEST(DeterministicShape, RejectsTpDegreesAndWidthsNamingThem) {
-  expect_error_with([] { deterministic_kernel_shape(2048, 2048, 8, 3, 256); }, "TP degree 3");
-  expect_error_with([] { deterministic_kernel_shape(2048, 2048, 8, 32, 256); }, "TP degree 32");
-  expect_error_with([] { deterministic_kernel_shape(1000, 2048, 8, 1, 256); }, "1000");
-  expect_error_with([] { deterministic_kernel_shape(2048, 2048, 1, 1, 256); }, "vectors");
+  testing::expect_error([] { deterministic_kernel_shape(2048, 2048, 8, 3, 256); }, {"TP degree 3"});
+  testing::expect_error([] { deterministic_kernel_shape(2048, 2048, 8, 32, 256); },
+                        {"TP degree 32"});
+  testing::expect_error([] { deterministic_kernel_shape(1000, 2048, 8, 1, 256); }, {"1000"});
+  testing::expect_error([] { deterministic_kernel_shape(2048, 2048, 1, 1, 256); }, {"vectors"});
 }
 
 QkNormParams det_params(int64_t q_full, int64_t k_full, int world, std::vector<uint16_t>& buf) {
@@ -159,9 +151,10 @@ TEST(DeterministicParams, ValidationNamesTheModeAndWhatItNeeds) {
   EXPECT_NO_THROW(validate_params(det_params(2048, 2048, 8, buf), 8));
   QkNormParams p = det_params(2048, 2048, 8, buf);
   p.method = Method::kMiniMaxFused;
-  expect_error_with([&] { validate_params(p, 8); }, "deterministic mode needs Method::kSwiftQK");
+  testing::expect_error([&] { validate_params(p, 8); },
+                        {"deterministic mode needs Method::kSwiftQK"});
   std::vector<uint16_t> b2;
-  expect_error_with([&] { validate_params(det_params(1600, 1600, 2, b2), 2); }, "800");
+  testing::expect_error([&] { validate_params(det_params(1600, 1600, 2, b2), 2); }, {"800"});
 }
 
 }  // namespace

@@ -100,7 +100,8 @@ swiftqk::ShardView shard_of(const char* name, const at::Tensor& in, const at::Te
 void qk_norm_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
                   const at::Tensor& k_weight, at::Tensor& q_out, at::Tensor& k_out, int64_t comm,
                   int64_t q_full_width, int64_t k_full_width, double eps, int64_t order,
-                  int64_t method, double q_scale, double k_scale, bool pdl) {
+                  int64_t method, double q_scale, double k_scale, bool pdl,
+                  bool deterministic) {
   swiftqk::Communicator& c = communicator_of(comm);
   TORCH_CHECK(q.size(0) == k.size(0), "swiftqk.qk_norm: q has ", q.size(0), " tokens, k ",
               k.size(0));
@@ -125,6 +126,7 @@ void qk_norm_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_
   p.order = static_cast<swiftqk::NormOrder>(order);
   p.method = static_cast<swiftqk::Method>(method);
   p.pdl = pdl;
+  p.deterministic = deterministic;
   const c10::cuda::CUDAGuard guard(q.device());
   try {
     swiftqk::launch_qk_norm(c, p, c10::cuda::getCurrentCUDAStream().stream());
@@ -163,7 +165,8 @@ TORCH_LIBRARY(swiftqk, m) {
   m.def(
       "qk_norm(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, Tensor(a!) q_out, "
       "Tensor(b!) k_out, int comm, int q_full_width, int k_full_width, float eps, int order, "
-      "int method, float q_scale=1.0, float k_scale=1.0, bool pdl=False) -> ()");
+      "int method, float q_scale=1.0, float k_scale=1.0, bool pdl=False, "
+      "bool deterministic=False) -> ()");
 }
 TORCH_LIBRARY_IMPL(swiftqk, CUDA, m) { m.impl("qk_norm", &qk_norm_cuda); }
 

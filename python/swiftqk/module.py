@@ -47,13 +47,18 @@ class TPQKNorm(nn.Module):
             "all_gather" or "minimax_eager" (module docstring).
         group: the TP process group for the torch methods (default: the communicator's).
         enable_pdl: launch the fused methods with programmatic dependent launch (qk_norm_).
+        deterministic: the TP-invariant mode (qk_norm_): the same output bits at every TP
+            degree; method "swiftqk" with a swiftqk.Communicator only.
     forward(q, k) takes this rank's [T, Hq/N] and [T, Hk/N] shards (views of a fused QKV
     output allowed) and returns new normalised tensors.
     """
 
     def __init__(self, q_weight, k_weight, eps, order="olmo2", comm=None, method="swiftqk",
-                 group=None, enable_pdl=False):
+                 group=None, enable_pdl=False, deterministic=False):
         super().__init__()
+        if deterministic and (method != "swiftqk" or isinstance(comm, FallbackCommunicator)):
+            raise ValueError("deterministic=True needs method 'swiftqk' on a swiftqk.Communicator "
+                             "(the torch references and the NCCL fallback sum in other orders)")
         if order not in ("olmo2", "llama"):
             raise ValueError(f"order must be 'olmo2' or 'llama', got {order!r}")
         if method not in METHODS:
@@ -69,6 +74,7 @@ class TPQKNorm(nn.Module):
             raise ValueError(f"widths {hq}/{hk} are not divisible by the TP degree {self.world}")
         self.q_full, self.k_full, self.eps, self.order = hq, hk, float(eps), order
         self.comm, self.method, self.enable_pdl = comm, method, bool(enable_pdl)
+        self.deterministic = bool(deterministic)
         self.group = comm.group if isinstance(comm, FallbackCommunicator) else group
         wq, wk = hq // self.world, hk // self.world
         self.register_buffer("q_weight", q_weight.detach()[self.rank * wq:(self.rank + 1) * wq]
@@ -85,7 +91,7 @@ class TPQKNorm(nn.Module):
                 raise ValueError("the fused methods need a communicator (even at TP 1)")
             return qk_norm(q, k, self.q_weight, self.k_weight, self.comm, self.q_full,
                            self.k_full, self.eps, self.order, method,
-                           enable_pdl=self.enable_pdl)
+                           enable_pdl=self.enable_pdl, deterministic=self.deterministic)
         if method == "minimax_eager":
             return self._minimax_eager_reference(q, k)
         return self._all_gather_reference(q, k)

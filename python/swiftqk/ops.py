@@ -36,7 +36,7 @@ def _check_shard(name, x, weight, out):
 
 
 def _qk_norm_fake(q, k, q_weight, k_weight, q_out, k_out, comm, q_full_width, k_full_width, eps,
-                  order, method, q_scale=1.0, k_scale=1.0, pdl=False):
+                  order, method, q_scale=1.0, k_scale=1.0, pdl=False, deterministic=False):
     """What qk_norm_cuda checks before it launches, short of the communicator (an int handle
     here): the same conditions, the same messages, raised as the same RuntimeError. The outputs
     are written in place, so there is nothing to return."""
@@ -78,6 +78,7 @@ def qk_norm_(
     q_scale: float = 1.0,
     k_scale: float = 1.0,
     enable_pdl: bool = False,
+    deterministic: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Normalises this rank's q [T, Hq/N] and k [T, Hk/N] shards by the RMS of the full rows.
 
@@ -89,6 +90,9 @@ def qk_norm_(
     ``enable_pdl`` launches with programmatic dependent launch: the kernel may be scheduled
     while the previous kernel on the stream finishes, and waits for it before reading anything.
     Ignored unless both the GPU and the extension's build are sm_90 or later.
+    ``deterministic`` takes every sum of squares in one canonical order, so the outputs are
+    bitwise the same at every TP degree in {1, 2, 4, 8, 16} (method "swiftqk"; full widths in
+    multiples of 16 vectors of 16 bytes; docs/design.md, "Deterministic mode").
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
@@ -103,14 +107,14 @@ def qk_norm_(
     torch.ops.swiftqk.qk_norm(
         q, k, q_weight, k_weight, q_out, k_out, comm.handle, q_full_width, k_full_width,
         float(eps), ORDERS[order], FUSED_METHODS[method], float(q_scale), float(k_scale),
-        bool(enable_pdl))
+        bool(enable_pdl), bool(deterministic))
     return q_out, k_out
 
 
 def qk_norm(q, k, q_weight, k_weight, comm, q_full_width, k_full_width, eps, order="olmo2",
-            method="swiftqk", q_scale=1.0, k_scale=1.0, enable_pdl=False):
+            method="swiftqk", q_scale=1.0, k_scale=1.0, enable_pdl=False, deterministic=False):
     """Out-of-place qk_norm_: returns new tensors (bf16 for fp8 inputs)."""
     q_out = torch.empty(q.shape, dtype=_out_dtype(q), device=q.device)
     k_out = torch.empty(k.shape, dtype=_out_dtype(k), device=k.device)
     return qk_norm_(q, k, q_weight, k_weight, comm, q_full_width, k_full_width, eps, order,
-                    method, q_out, k_out, q_scale, k_scale, enable_pdl)
+                    method, q_out, k_out, q_scale, k_scale, enable_pdl, deterministic)

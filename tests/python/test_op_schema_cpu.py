@@ -30,7 +30,7 @@ def _schema():
 
 
 def _reference(q, k, q_weight, k_weight, q_out, k_out, comm, q_full_width, k_full_width, eps,
-               order, method, q_scale=1.0, k_scale=1.0, pdl=False):
+               order, method, q_scale=1.0, k_scale=1.0, pdl=False, deterministic=False):
     """TP 1: the rows are whole. Reads both inputs before writing either output, as the kernel
     (which supports in == out) does per row."""
     res = []

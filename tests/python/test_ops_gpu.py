@@ -151,3 +151,68 @@ def test_processes_sharing_one_gpu(sq, world, method):
     results = manager.dict()
     mp.spawn(_ipc_rank, args=(world, init_method(), method, results), nprocs=world)
     assert dict(results) == {r: 0 for r in range(world)}
+
+
+def test_deterministic_matches_float64_and_refuses_other_methods(sq):
+    comm = sq.create_local_group([0])[0]
+    _, q, k = _fused_qkv(333, 5120, 1024, torch.bfloat16, 20)
+    wq = random_weight(5120, torch.bfloat16, 21).cuda()
+    wk = random_weight(1024, torch.bfloat16, 22).cuda()
+    gq, gk = rms_norm_fp64(q, wq, 1e-6), rms_norm_fp64(k, wk, 1e-6)
+    qo, ko = sq.qk_norm(q, k, wq, wk, comm, 5120, 1024, 1e-6, "olmo2", deterministic=True)
+    torch.cuda.synchronize()
+    assert count_wrong(qo, gq, "olmo2") == 0 and count_wrong(ko, gk, "olmo2") == 0
+    with pytest.raises(RuntimeError, match="deterministic mode needs Method::kSwiftQK"):
+        sq.qk_norm(q, k, wq, wk, comm, 5120, 1024, 1e-6, "olmo2", "minimax_fused",
+                   deterministic=True)
+    with pytest.raises(ValueError, match="deterministic=True needs method 'swiftqk'"):
+        sq.TPQKNorm(wq, wk, 1e-6, "olmo2", comm, "all_gather", deterministic=True)
+
+
+def _deterministic_rank(rank, world, rendezvous, results):
+    sys.path.insert(0, os.path.dirname(__file__))
+    import swiftqk
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
+    try:
+        comm = swiftqk.communicator_from_group(dist.group.WORLD, device=0, timeout_s=30.0)
+        assert isinstance(comm, swiftqk.Communicator), getattr(comm, "reason", "")
+        q, k, wq, wk = _deterministic_inputs()
+        norm = swiftqk.TPQKNorm(wq, wk, 1e-6, "llama", comm, deterministic=True)
+        sq_, sk_ = 6144 // world, 1024 // world
+        qo, ko = norm(q[:, rank * sq_:(rank + 1) * sq_], k[:, rank * sk_:(rank + 1) * sk_])
+        torch.cuda.synchronize()
+        results[rank] = (qo.cpu().view(torch.int16).numpy().tobytes(),
+                         ko.cpu().view(torch.int16).numpy().tobytes())
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _deterministic_inputs():
+    return (random_rows(50, 6144, torch.bfloat16, 31).cuda(),
+            random_rows(50, 1024, torch.bfloat16, 32).cuda(),
+            random_weight(6144, torch.bfloat16, 33).cuda(),
+            random_weight(1024, torch.bfloat16, 34).cuda())
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_deterministic_processes_give_the_tp1_bits(sq, world):
+    # Ranks as processes sharing one GPU, each with its shard: gathered, their outputs are the
+    # bytes TP 1 writes for the whole rows.
+    comm = sq.create_local_group([0])[0]
+    q, k, wq, wk = _deterministic_inputs()
+    qo, ko = sq.qk_norm(q, k, wq, wk, comm, 6144, 1024, 1e-6, "llama", deterministic=True)
+    torch.cuda.synchronize()
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_deterministic_rank, args=(world, init_method(), results), nprocs=world)
+    import numpy as np
+    sq_, sk_ = 6144 // world, 1024 // world
+    got_q = np.concatenate([np.frombuffer(results[r][0], np.int16).reshape(50, sq_)
+                            for r in range(world)], axis=1)
+    got_k = np.concatenate([np.frombuffer(results[r][1], np.int16).reshape(50, sk_)
+                            for r in range(world)], axis=1)
+    assert np.array_equal(got_q, qo.cpu().view(torch.int16).numpy())
+    assert np.array_equal(got_k, ko.cpu().view(torch.int16).numpy())

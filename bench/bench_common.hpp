@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "problem.hpp"
-#include "swiftqk/cuda_check.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::bench {
 

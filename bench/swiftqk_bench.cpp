@@ -21,7 +21,6 @@
 #include "bench_common.hpp"
 #include "copy_kernel.hpp"
 #include "problem.hpp"
-#include "swiftqk/plan.hpp"
 
 extern char** environ;
 
@@ -239,7 +238,8 @@ CLI::Validator whole_number(int64_t lo, const std::string& name) {
       name);
 }
 
-// A TP degree the kernel takes: a power of two up to 32 (the group's lanes, plan.hpp).
+// A TP degree the kernel takes: a power of two up to 32 (the polling warp has a lane per rank:
+// kMaxWorld).
 constexpr int kMaxTp = 32;
 CLI::Validator tp_degree() {
   return CLI::Validator(

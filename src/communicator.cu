@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "comm_state.hpp"
+#include "cuda_check.hpp"
 #include "kernels/exchange.cuh"
-#include "swiftqk/cuda_check.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk {
 

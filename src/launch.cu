@@ -6,11 +6,11 @@
 #include <tuple>
 
 #include "comm_state.hpp"
+#include "cuda_check.hpp"
 #include "kernel_table.hpp"
 #include "kernels/swiftqk_fused.cuh"
+#include "launch_plan.hpp"
 #include "swiftqk/communicator.hpp"
-#include "swiftqk/cuda_check.hpp"
-#include "swiftqk/plan.hpp"
 
 namespace swiftqk {
 

@@ -5,13 +5,13 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "comm_state.hpp"
+#include "cuda_check.hpp"
 #include "kernels/eager_kernels.cuh"
-#include "swiftqk/cuda_check.hpp"
-#include "swiftqk/reference.hpp"
 
 namespace swiftqk::detail {
 
@@ -110,6 +110,21 @@ Scratch carve(uint8_t* base, int world, int64_t cap, int64_t wq, int64_t wk, std
   return sc;
 }
 
+// `n` ones in the output type `out` (f32, f16 or bf16), as the bytes the weights hold.
+std::vector<uint8_t> ones_of(DType out, int64_t n) {
+  std::vector<uint8_t> host(n * dtype_size(out));
+  const float one_f32 = 1.0f;
+  const uint16_t one_16 = out == DType::kF16 ? 0x3c00 : 0x3f80;  // binary16 / bfloat16 1.0
+  for (int64_t i = 0; i < n; ++i) {
+    if (out == DType::kF32) {
+      std::memcpy(host.data() + 4 * i, &one_f32, 4);
+    } else {
+      std::memcpy(host.data() + 2 * i, &one_16, 2);
+    }
+  }
+  return host;
+}
+
 // Grows the scratch (never under capture: warm up with an eager call first, as engines do
 // before capturing graphs) and refreshes the ones weight.
 Scratch ensure_scratch(CommState& st, int64_t cap, int64_t wq, int64_t wk, DType in,
@@ -134,8 +149,7 @@ Scratch ensure_scratch(CommState& st, int64_t cap, int64_t wq, int64_t wk, DType
       st.scratch_bytes = need.bytes;
     }
     Scratch sc = carve(static_cast<uint8_t*>(st.scratch), st.world, cap, wq, wk, is, os);
-    std::vector<uint8_t> host(ones * os);
-    for (int64_t i = 0; i < ones; ++i) ref::store_element(host.data(), out, i, 1.0);
+    const std::vector<uint8_t> host = ones_of(out, ones);
     SWIFTQK_CUDA_TRY(cudaMemcpy(sc.ones, host.data(), host.size(), cudaMemcpyHostToDevice));
     st.ones_elems = ones;
     st.ones_dtype = out;

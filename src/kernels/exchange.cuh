@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "kernels/launch_args.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::detail {
 

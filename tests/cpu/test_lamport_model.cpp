@@ -52,7 +52,7 @@
 #include <vector>
 
 #include "model_helpers.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk {
 namespace {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "reference.hpp"
 #include "swiftqk/error.hpp"
-#include "swiftqk/reference.hpp"
 
 namespace swiftqk {
 namespace ref {

@@ -12,28 +12,13 @@
 #include "swiftqk/error.hpp"
 #include "swiftqk/qk_norm_params.hpp"
 #include "swiftqk/types.hpp"
+#include "throws_error.hpp"
 
 namespace swiftqk {
 namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// Runs fn, which must throw swiftqk::Error whose what() contains `needle`.
-template <typename Fn>
-::testing::AssertionResult ThrowsErrorWith(Fn&& fn, const std::string& needle) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    if (what.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure()
-           << "what() = \"" << what << "\" lacks \"" << needle << "\"";
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "threw a non-swiftqk exception: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "did not throw";
-}
 
 // TP 2 of Q 4096 / K 1024: local widths 2048 / 512; a fused QKV row holds Hq/N + 2 Hk/N.
 constexpr int kTp = 2;

@@ -1,9 +1,9 @@
-#include "swiftqk/plan.hpp"
+// The launch policy (launch_plan.hpp).
+#include "launch_plan.hpp"
 
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "swiftqk/error.hpp"
@@ -172,27 +172,6 @@ bool grid_is_full(int64_t tokens, int ranks, int tokens_per_block, int max_block
   const GridPlan g =
       plan_grid(tokens, ranks, tokens_per_block, max_blocks_per_sm, sm_count, sm_budget);
   return g.blocks_per_rank < ceil_div(tokens, tokens_per_block);
-}
-
-uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps, int order,
-                     int64_t tokens) {
-  // FNV-1a over the values every rank must agree on.
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xffu;
-      h *= 1099511628211ull;
-    }
-  };
-  uint32_t eps_bits;
-  std::memcpy(&eps_bits, &eps, sizeof eps_bits);
-  mix(static_cast<uint64_t>(q_full_width));
-  mix(static_cast<uint64_t>(k_full_width));
-  mix(static_cast<uint64_t>(world));
-  mix(eps_bits);
-  mix(static_cast<uint64_t>(order));
-  mix(static_cast<uint64_t>(tokens));
-  return static_cast<uint32_t>(h ^ (h >> 32)) | 0x80000000u;
 }
 
 }  // namespace swiftqk

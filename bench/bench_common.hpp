@@ -55,8 +55,15 @@ struct Options {
   int warmup = 10, iters = 200, launches_per_graph = 20;
   std::string mode = "graph";
   std::string commit = "unknown";
-  bool pdl = false;  // fused methods launched with programmatic dependent launch (QkNormParams)
+  bool pdl = false;     // fused methods launched with programmatic dependent launch (QkNormParams)
+  LaunchTuning tuning;  // the tuning flags (--stages, --defer, ...); the default: the tuned policy
 };
+
+/// Sets what the command line asks of every launch (PDL, the tuning) in a rank's parameters.
+inline void apply_options(const Options& o, QkNormParams& p) {
+  p.pdl = o.pdl;
+  p.tuning = o.tuning;
+}
 
 // Times `body` (which enqueues work on s): graph mode captures launches_per_graph bodies and
 // reports replay time / launches; eager mode times each body with events.

@@ -79,7 +79,7 @@ json run_method(const Options& o, Method method, const Model& m, int tp, Problem
     for (int r = 0; r < tp; ++r) {
       ranks.push_back(make_rank(p, tp, r, Layout::kSeparate));
       ranks.back().params.method = method;
-      ranks.back().params.pdl = o.pdl;
+      apply_options(o, ranks.back().params);
     }
   }
   // Correctness first, on fresh inputs into poisoned outputs, in the mode being timed.
@@ -251,6 +251,25 @@ CLI::Validator tp_degree() {
       "{1,2,4,8,16,32}");
 }
 
+// A tuning value: 0 (the tuned policy's choice) or one that `ok` takes (LaunchTuning's ranges,
+// which LaunchTuning::validate checks too), which `what` describes.
+template <typename Ok>
+CLI::Validator tuning_value(Ok ok, const std::string& what, const std::string& shown) {
+  return CLI::Validator(
+      [ok, what](std::string& s) -> std::string {
+        int64_t v = 0;
+        if (parse_whole(s, v) && (v == 0 || ok(v))) return "";
+        return "'" + s + "' is not 0 (tuned) nor " + what;
+      },
+      "0|" + shown);
+}
+
+CLI::Validator tuning_range(int64_t lo, int64_t hi) {
+  return tuning_value([lo, hi](int64_t v) { return v >= lo && v <= hi; },
+                      "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi),
+                      std::to_string(lo) + ".." + std::to_string(hi));
+}
+
 // One of `names`, or anything `parse` accepts (the dtype and method aliases).
 template <typename Parse>
 CLI::Validator one_of(const std::string& what, const std::vector<std::string>& names, Parse parse) {
@@ -403,6 +422,35 @@ int main(int argc, char** argv) {
            ->check(output_path()));
   last(app.add_option("--markdown", sw.markdown_path, "write results as a Markdown table here")
            ->check(output_path()));
+  // The launch tuning (LaunchTuning), for scripts/tune_stages.sh: each flag overrides one choice
+  // of the tuned policy; 0 (or "tuned") leaves it to the policy.
+  const std::string tuning_group = "Launch tuning (0 / tuned: the tuned policy decides)";
+  std::string block_order = "tuned";
+  last(app.add_option("--stages", o.tuning.stages, "rows each token group stages")
+           ->group(tuning_group)
+           ->check(tuning_range(kMinStages, kMaxStages)));
+  last(app.add_option("--defer", o.tuning.defer,
+                      "with peers, tokens a group writes behind the one it reduces (below "
+                      "--stages when both are given)")
+           ->group(tuning_group)
+           ->check(tuning_range(1, kMaxStages - 1)));
+  last(app.add_option("--vpt", o.tuning.vectors_per_thread,
+                      "16-byte vectors each thread stages of a row (the row then takes the "
+                      "fewest lanes)")
+           ->group(tuning_group)
+           ->check(tuning_value([](int64_t v) { return v == 1 || v == 2 || v == 4 || v == 8; },
+                                "1, 2, 4 or 8", "1,2,4,8")));
+  last(app.add_option("--block-threads", o.tuning.block_threads, "threads a block aims at")
+           ->group(tuning_group)
+           ->check(tuning_range(32, 1024)));
+  last(app.add_option("--block-order", block_order,
+                      "how a launch of several virtual ranks orders its blocks")
+           ->group(tuning_group)
+           ->check(one_of("block order", {"tuned", "rank_major", "interleaved"},
+                          [](const std::string& b) {
+                            parse_block_order(b);
+                            return true;
+                          })));
   // Set by --procs for the processes it starts; hidden from --help.
   last(app.add_option("--rank", rank, "this process's rank")
            ->group("")
@@ -436,6 +484,12 @@ int main(int argc, char** argv) {
     if (rank >= world) {
       throw CLI::ValidationError(
           "--rank", std::to_string(rank) + " is not below --world " + std::to_string(world));
+    }
+    o.tuning.block_order = parse_block_order(block_order);
+    if (o.tuning.stages != 0 && o.tuning.defer > o.tuning.stages - 1) {
+      throw CLI::ValidationError("--defer", std::to_string(o.tuning.defer) +
+                                                " is not below --stages " +
+                                                std::to_string(o.tuning.stages));
     }
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

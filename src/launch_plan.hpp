@@ -1,12 +1,16 @@
-// The launch policy: thread layout, pipeline depth, block order and persistent grid, tuned on
-// one H200. Pure host arithmetic, no CUDA calls, so CI tests it without a GPU
-// (tests/cpu/test_launch_plan.cpp).
+// The launch policy: how a call is cut into launches and how each is shaped (thread layout,
+// pipeline depth, block and slot order, persistent grid), tuned on one H200 and overridable by
+// LaunchTuning. Pure host arithmetic, no CUDA calls: the launcher (src/launch.cu) answers the
+// one question that needs the GPU, a kernel's residency, through a callback, so CI tests the
+// whole policy without a GPU (tests/cpu/test_launch_plan.cpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "protocol.hpp"
+#include "swiftqk/launch_tuning.hpp"
 
 namespace swiftqk {
 
@@ -44,8 +48,8 @@ constexpr int64_t kShallowAnyGainTokens = 2048;
 /// one row loading ahead, so stages = D + 2. A deeper D pays off as the group grows (the
 /// slowest of more peers lags further) and costs nothing at TP 2; alone, 2 stages are the
 /// fastest of 2-5 (one H200, 4096 tokens; CHANGELOG.md, 9127d35). forced_stages and
-/// forced_defer (SWIFTQK_STAGES, SWIFTQK_DEFER; 0 = not forced) override them for tuning runs;
-/// the depth is then cut to stages - 1.
+/// forced_defer (LaunchTuning::stages and defer; 0 = not forced) override them; the depth is
+/// then cut to stages - 1.
 PipelineDepth choose_pipeline_depth(int world, int forced_stages = 0, int forced_defer = 0);
 
 /// @brief The shallower pipeline a launch of `tokens` tokens may take instead of
@@ -100,22 +104,16 @@ constexpr int64_t kMaxStagedRingBytes = 200 * 1024;
 /// Threads a block aims at: groups are added while the block stays within this many threads.
 /// 256 with peers; alone, 384 (on one H200 at 4096 tokens, 3 OLMoE or 2 OLMo3-32B groups per
 /// block are faster than 2 and 1; the other shapes keep one group either way; CHANGELOG.md,
-/// e12d48e).
-/// SWIFTQK_BLOCK_THREADS overrides both for tuning runs.
+/// e12d48e). LaunchTuning::block_threads overrides both.
 constexpr int kDefaultBlockThreads = 256;
 constexpr int kDefaultBlockThreadsAlone = 384;
-
-/// @brief A launch-tuning override from the environment (SWIFTQK_STAGES, SWIFTQK_BLOCK_THREADS):
-/// 0 when `name` is unset or empty, else its value, which must be a whole number in [lo, hi];
-/// anything else throws an Error naming the variable rather than being ignored.
-int tuning_override(const char* name, int lo, int hi, const char* what);
 
 /// @brief Picks the thread layout for local widths q_width/k_width moved vec_elems at a time;
 /// a block holds as many token groups as fit block_threads (at least one; at most
 /// kMaxGroupsPerBlock groups of whole warps, and no more than kMaxStagedRingBytes of rows).
 /// @param world ranks of the group: with peers, short rows are packed several to a warp.
 /// @param forced_vpt 0, or vectors per thread (1, 2, 4 or 8) to force on staged rows
-/// (SWIFTQK_VPT, for tuning runs); the group is then the fewest lanes that hold the row.
+/// (LaunchTuning::vectors_per_thread); the group is then the fewest lanes that hold the row.
 KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
                                 int block_threads = kDefaultBlockThreads, int world = 1,
                                 int forced_vpt = 0);
@@ -170,5 +168,94 @@ GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_bloc
 /// (packed_kernel_shape) pays off, if that layout still gives every rank a resident block.
 bool grid_is_full(int64_t tokens, int ranks, int tokens_per_block, int max_blocks_per_sm,
                   int sm_count, int sm_budget);
+
+/// @brief The SMs a launch may fill: the communicator's budget (0 = all), or, for a launch that
+/// serves `ranks` of the `ranks_on_device` ranks a local group has on this GPU (each launched on
+/// its own stream), that share of the budget (of all SMs when it is 0), at least one, so that
+/// the launches of all of them are resident together.
+int launch_sm_budget(int sm_budget, int sm_count, int ranks, int ranks_on_device);
+
+// ---------------------------------------------------------------- the plan of one call
+
+/// @brief What the policy reads of a call; the same for every rank the launch serves.
+struct LaunchRequest {
+  int world = 1;             ///< ranks of the group
+  int ranks = 1;             ///< ranks this launch serves (virtual ranks of one GPU share one)
+  int64_t tokens = 1;        ///< tokens of the call, at least one
+  int64_t q_full_width = 0;  ///< Hq and Hk over all ranks
+  int64_t k_full_width = 0;
+  /// Elements a 16-byte vector holds when every rank's rows allow 16-byte accesses, else 1
+  /// (the scalar path, always streamed).
+  int vec_elems = 1;
+  int64_t token_capacity = 1;  ///< CommConfig::token_capacity: tokens one launch exchanges
+  int sm_count = 1;            ///< SMs of the GPU
+  int sm_budget = 0;           ///< CommConfig::sm_budget (0 = all SMs)
+  int ranks_on_device = 1;     ///< ranks of the group this process drives on this GPU
+  LaunchTuning tuning;
+};
+
+/// @brief The orders that, besides the thread layout, pick a chunk's kernel instantiation (both
+/// are template parameters of the kernel).
+struct ChunkOrders {
+  SlotLayout slots = SlotLayout::kTokenMajor;
+  BlockOrder blocks = BlockOrder::kRankMajor;
+  bool operator==(const ChunkOrders& o) const { return slots == o.slots && blocks == o.blocks; }
+  bool operator!=(const ChunkOrders& o) const { return !(*this == o); }
+};
+
+/// @brief A kernel the policy weighs: its thread layout, its ring and the orders of a chunk.
+struct KernelCandidate {
+  KernelShape shape;
+  PipelineDepth depth;
+  ChunkOrders orders;
+};
+
+/// @brief What the launcher answers for a candidate: the dynamic shared memory its kernel needs
+/// (the same for both orders) and how many of its blocks one SM holds at once (the launcher asks
+/// cudaOccupancyMaxActiveBlocksPerMultiprocessor; the CPU tests model it).
+struct KernelFootprint {
+  std::size_t smem_bytes = 0;
+  int blocks_per_sm = 0;
+};
+using FootprintOf = std::function<KernelFootprint(const KernelCandidate&)>;
+
+/// @brief One kernel launch of a call: tokens [first_token, first_token + tokens).
+struct ChunkPlan {
+  int64_t first_token = 0;
+  int64_t tokens = 0;
+  ChunkOrders orders;
+  GridPlan grid;
+};
+
+/// @brief How a call runs: one thread layout and ring for all its launches, the chunks of at
+/// most min(token_capacity, kMaxLaunchTokens) tokens each.
+struct LaunchPlan {
+  KernelShape shape;
+  PipelineDepth depth;
+  std::size_t smem_bytes = 0;  ///< dynamic shared memory of every launch
+  /// Blocks an SM holds of each kernel the chunks run (the smaller, when they run two)
+  int blocks_per_sm = 0;
+  int sm_budget = 0;   ///< what launch_sm_budget gave
+  int64_t chunks = 0;  ///< launches
+  ChunkPlan full;      ///< every chunk but the last (first_token 0)
+  ChunkPlan last;      ///< the last (the only one when chunks is 1)
+  /// @brief Chunk i, 0 <= i < chunks. All chunks but the last have the same length, so the
+  /// call runs at most two instantiations, and the residency counts both.
+  ChunkPlan chunk(int64_t i) const;
+};
+
+/// @brief The tuned policy, with what r.tuning overrides (docs/design.md, "Launch shape"):
+/// - the thread layout: choose_kernel_shape at the block size the world aims at; with peers,
+///   short rows packed several to a warp (packed_kernel_shape) when the unpacked grid of the
+///   first chunk is capped by residency and the packed one still gives every rank a block;
+/// - the ring: up to kFewTokensMax tokens a launch at TP 4-8 few_token_pipeline_depth; else
+///   choose_pipeline_depth, or at TP 8+ up to kShallowMaxTokens the shallow pipeline where
+///   take_shallow_pipeline says it fits enough more token groups; a tuned stage or deferral
+///   depth turns both exceptions off, a tuned vector count the packing;
+/// - per chunk, the slot order (choose_slot_layout, from hashed values only) and the block order
+///   (choose_block_order), and the resident grid (plan_grid, within launch_sm_budget).
+/// footprint_of is asked for each layout it weighs, for each order the chunks take. Throws
+/// swiftqk::Error on a bad request or tuning, or when no block a rank can be resident.
+LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint_of);
 
 }  // namespace swiftqk

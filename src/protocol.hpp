@@ -8,13 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace swiftqk {
+#include "swiftqk/launch_tuning.hpp"  // kMinStages, kMaxStages: the ring's depth
 
-/// Rows of input each token group stages through shared memory: the one being reduced, with
-/// peers the D deferred ones waiting to be written, and the rest loading ahead. The kernel waits
-/// on at most kMaxStages - 1 pending copies.
-constexpr int kMinStages = 2;
-constexpr int kMaxStages = 5;
+namespace swiftqk {
 
 /// @brief How a launch that serves several (virtual) ranks assigns its blocks to them. Blocks
 /// start in index order, so with the ranks' blocks contiguous (kRankMajor) the last rank's start

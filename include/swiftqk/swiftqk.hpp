@@ -6,5 +6,6 @@
 #include "swiftqk/communicator.hpp"
 #include "swiftqk/device_failure.hpp"
 #include "swiftqk/error.hpp"
+#include "swiftqk/launch_tuning.hpp"
 #include "swiftqk/qk_norm_params.hpp"
 #include "swiftqk/types.hpp"

@@ -1,6 +1,6 @@
-// Calls SwiftQK's host-side API through the installed package: a bad QkNormParams must throw
-// swiftqk::Error, and the library's internal headers must not be installed. Built against
-// swiftqk::swiftqk, it includes the umbrella header instead.
+// Calls SwiftQK's host-side API through the installed package: a bad QkNormParams and a bad
+// LaunchTuning must throw swiftqk::Error, and the library's internal headers must not be
+// installed. Built against swiftqk::swiftqk, it includes the umbrella header instead.
 #include <cstdio>
 #include <string>
 
@@ -8,6 +8,7 @@
 #include "swiftqk/swiftqk.hpp"
 #else
 #include "swiftqk/error.hpp"
+#include "swiftqk/launch_tuning.hpp"
 #include "swiftqk/qk_norm_params.hpp"
 #endif
 
@@ -46,6 +47,14 @@ int main() {
   if (!refuses("widths that do not split over 3 ranks", [&] { swiftqk::validate_params(p, 3); })) {
     return 1;
   }
+  // A tuning an engine might set: a valid one passes, stages past kMaxStages do not.
+  swiftqk::LaunchTuning t;
+  t.stages = 3;
+  t.defer = 2;
+  t.block_order = swiftqk::LaunchTuning::BlockOrder::kInterleaved;
+  t.validate();
+  t.stages = swiftqk::kMaxStages + 1;
+  if (!refuses("LaunchTuning.stages past kMaxStages", [&] { t.validate(); })) return 1;
   std::printf("swiftqk consumer: ok\n");
   return 0;
 }

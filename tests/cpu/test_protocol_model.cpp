@@ -453,8 +453,8 @@ void ExpectCorrectWithMixedLayouts(int max_defer, int max_rows, uint64_t seed,
 
 TEST(ProtocolModel, DeferredCollectsOfMixedDepths) {
   // The kernel with peers collects token i - D while publishing token i, D = log2(world) by
-  // default and whatever SWIFTQK_DEFER says per process: every rank and call here draws its own
-  // D in [0, 3], so workers hold up to 3 published, unread tokens while peers of other depths
+  // default and whatever LaunchTuning::defer says per process: every rank and call here draws its
+  // own D in [0, 3], so workers hold up to 3 published, unread tokens while peers of other depths
   // run ahead into the next call. No deadlock, no wrong or stale sum.
   ExpectCorrectWithMixedLayouts(3, 1, 20);
 }

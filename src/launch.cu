@@ -6,11 +6,13 @@
 #include <string>
 #include <tuple>
 
+#include "baselines/nccl_baselines.hpp"
 #include "comm_state.hpp"
 #include "cuda_check.hpp"
 #include "kernel_table.hpp"
 #include "kernels/swiftqk_fused.cuh"
 #include "launch_plan.hpp"
+#include "nccl_allreduce_fallback.hpp"
 #include "swiftqk/communicator.hpp"
 
 namespace swiftqk {
@@ -268,15 +270,16 @@ LaunchArgs launch_args_of(const LaunchPlan& plan, const QkNormParams& p0,
   return a;
 }
 
-// One call of the NCCL paths: a baseline method, or a fused method on a group without P2P,
-// which runs MiniMax eager's scheme.
+// One call of the NCCL paths: a baseline method, or a fused method on a group without P2P.
 void launch_nccl_path(Communicator& comm, const QkNormParams& p, cudaStream_t stream) {
-  QkNormParams q = p;
-  if (!uses_nccl(q.method)) q.method = Method::kMiniMaxEager;
   std::unique_lock<std::mutex> lock(comm.state().launch_mutex);
   const bool capturing = detail::stream_capturing(stream);
   comm.state().begin_launch(stream, capturing);
-  detail::launch_nccl_baseline(comm, q, stream);
+  if (uses_nccl(p.method)) {
+    detail::launch_nccl_baseline(comm, p, stream);
+  } else {
+    detail::launch_nccl_allreduce_fallback(comm, p, stream);
+  }
   comm.state().end_launch(stream, capturing);
 }
 

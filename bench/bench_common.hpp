@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "model_shapes.hpp"
 #include "problem.hpp"
-#include "swiftqk/cuda_check.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::bench {
 
@@ -60,7 +60,15 @@ struct Options {
   std::string commit = "unknown";
   bool pdl = false;  // fused methods launched with programmatic dependent launch (QkNormParams)
   bool deterministic = false;  // SwiftQK in the deterministic mode (QkNormParams::deterministic)
+  LaunchTuning tuning;  // the tuning flags (--stages, --defer, ...); the default: the tuned policy
 };
+
+/// Sets what the command line asks of every launch (PDL, the tuning) in a rank's parameters.
+inline void apply_options(const Options& o, QkNormParams& p) {
+  p.pdl = o.pdl;
+  p.tuning = o.tuning;
+  p.deterministic = o.deterministic && p.method == Method::kSwiftQK;  // the others refuse it
+}
 
 // Times `body` (which enqueues work on s): graph mode captures launches_per_graph bodies and
 // reports replay time / launches; eager mode times each body with events.

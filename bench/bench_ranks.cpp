@@ -107,7 +107,7 @@ double local_only_us(const Options& o, Communicator& local, const Model& m, int 
   const int sets = rotation_sets(t, shard, dt);
   for (int i = 0; i < sets; ++i) {
     data.push_back(testing::make_rank(p, 1, 0, testing::Layout::kSeparate));
-    data.back().params.pdl = o.pdl;  // the floor launches as SwiftQK does
+    apply_options(o, data.back().params);  // the floor launches as SwiftQK does
   }
   const Stats st = time_it(o, s, [&](int i) { launch_qk_norm(local, data[i % sets].params, s); });
   local.synchronize(s);
@@ -193,8 +193,7 @@ int run_rank(const Sweep& sw, int rank, int world, const std::string& dir) {
           for (int i = 0; i < sets; ++i) {
             data.push_back(testing::make_rank(p, world, rank, testing::Layout::kSeparate));
             data.back().params.method = method;
-            data.back().params.pdl = o.pdl;
-            data.back().params.deterministic = o.deterministic && method == Method::kSwiftQK;
+            apply_options(o, data.back().params);
           }
           p.refill(31337);
           testing::upload_inputs(p, world, rank, data[0], s);

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "copy_kernel.hpp"
-#include "swiftqk/cuda_check.hpp"
+#include "cuda_check.hpp"
 
 namespace swiftqk::bench {
 

@@ -1,7 +1,7 @@
 // Ping-pong between two GPUs through peer memory: the NVLink signal round trip that bounds how
 // fast a per-token exchange can complete (issue 6's floor: local time + one round trip).
+#include "cuda_check.hpp"
 #include "signal_kernel.hpp"
-#include "swiftqk/cuda_check.hpp"
 #include "swiftqk/error.hpp"
 
 namespace swiftqk::bench {

@@ -36,7 +36,7 @@ int run_soak(const Sweep& sw, int tp, int64_t calls) {
     std::vector<QkNormParams> pp;
     for (int r = 0; r < tp; ++r) {
       data[i].push_back(testing::make_rank(problems[i], tp, r, testing::Layout::kSeparate));
-      data[i].back().params.pdl = sw.options.pdl;
+      apply_options(sw.options, data[i].back().params);
       pp.push_back(data[i].back().params);
     }
     graphs[i] = testing::capture_graph(s, [&] {

@@ -21,7 +21,6 @@
 #include "bench_common.hpp"
 #include "copy_kernel.hpp"
 #include "problem.hpp"
-#include "swiftqk/plan.hpp"
 
 extern char** environ;
 
@@ -80,8 +79,7 @@ json run_method(const Options& o, Method method, const Model& m, int tp, Problem
     for (int r = 0; r < tp; ++r) {
       ranks.push_back(make_rank(p, tp, r, Layout::kSeparate));
       ranks.back().params.method = method;
-      ranks.back().params.pdl = o.pdl;
-      ranks.back().params.deterministic = o.deterministic && method == Method::kSwiftQK;
+      apply_options(o, ranks.back().params);
     }
   }
   // Correctness first, on fresh inputs into poisoned outputs, in the mode being timed.
@@ -240,7 +238,8 @@ CLI::Validator whole_number(int64_t lo, const std::string& name) {
       name);
 }
 
-// A TP degree the kernel takes: a power of two up to 32 (the group's lanes, plan.hpp).
+// A TP degree the kernel takes: a power of two up to 32 (the polling warp has a lane per rank:
+// kMaxWorld).
 constexpr int kMaxTp = 32;
 CLI::Validator tp_degree() {
   return CLI::Validator(
@@ -250,6 +249,25 @@ CLI::Validator tp_degree() {
         return "'" + s + "' is not a power of two from 1 to " + std::to_string(kMaxTp);
       },
       "{1,2,4,8,16,32}");
+}
+
+// A tuning value: 0 (the tuned policy's choice) or one that `ok` takes (LaunchTuning's ranges,
+// which LaunchTuning::validate checks too), which `what` describes.
+template <typename Ok>
+CLI::Validator tuning_value(Ok ok, const std::string& what, const std::string& shown) {
+  return CLI::Validator(
+      [ok, what](std::string& s) -> std::string {
+        int64_t v = 0;
+        if (parse_whole(s, v) && (v == 0 || ok(v))) return "";
+        return "'" + s + "' is not 0 (tuned) nor " + what;
+      },
+      "0|" + shown);
+}
+
+CLI::Validator tuning_range(int64_t lo, int64_t hi) {
+  return tuning_value([lo, hi](int64_t v) { return v >= lo && v <= hi; },
+                      "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi),
+                      std::to_string(lo) + ".." + std::to_string(hi));
 }
 
 // One of `names`, or anything `parse` accepts (the dtype and method aliases).
@@ -406,6 +424,35 @@ int main(int argc, char** argv) {
            ->check(output_path()));
   last(app.add_option("--markdown", sw.markdown_path, "write results as a Markdown table here")
            ->check(output_path()));
+  // The launch tuning (LaunchTuning), for scripts/tune_stages.sh: each flag overrides one choice
+  // of the tuned policy; 0 (or "tuned") leaves it to the policy.
+  const std::string tuning_group = "Launch tuning (0 / tuned: the tuned policy decides)";
+  std::string block_order = "tuned";
+  last(app.add_option("--stages", o.tuning.stages, "rows each token group stages")
+           ->group(tuning_group)
+           ->check(tuning_range(kMinStages, kMaxStages)));
+  last(app.add_option("--defer", o.tuning.defer,
+                      "with peers, tokens a group writes behind the one it reduces (below "
+                      "--stages when both are given)")
+           ->group(tuning_group)
+           ->check(tuning_range(1, kMaxStages - 1)));
+  last(app.add_option("--vpt", o.tuning.vectors_per_thread,
+                      "16-byte vectors each thread stages of a row (the row then takes the "
+                      "fewest lanes)")
+           ->group(tuning_group)
+           ->check(tuning_value([](int64_t v) { return v == 1 || v == 2 || v == 4 || v == 8; },
+                                "1, 2, 4 or 8", "1,2,4,8")));
+  last(app.add_option("--block-threads", o.tuning.block_threads, "threads a block aims at")
+           ->group(tuning_group)
+           ->check(tuning_range(32, 1024)));
+  last(app.add_option("--block-order", block_order,
+                      "how a launch of several virtual ranks orders its blocks")
+           ->group(tuning_group)
+           ->check(one_of("block order", {"tuned", "rank_major", "interleaved"},
+                          [](const std::string& b) {
+                            parse_block_order(b);
+                            return true;
+                          })));
   // Set by --procs for the processes it starts; hidden from --help.
   last(app.add_option("--rank", rank, "this process's rank")
            ->group("")
@@ -439,6 +486,12 @@ int main(int argc, char** argv) {
     if (rank >= world) {
       throw CLI::ValidationError(
           "--rank", std::to_string(rank) + " is not below --world " + std::to_string(world));
+    }
+    o.tuning.block_order = parse_block_order(block_order);
+    if (o.tuning.stages != 0 && o.tuning.defer > o.tuning.stages - 1) {
+      throw CLI::ValidationError("--defer", std::to_string(o.tuning.defer) +
+                                                " is not below --stages " +
+                                                std::to_string(o.tuning.stages));
     }
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Times SwiftQK at several launch shapes side by side in one run: stage depths (SWIFTQK_STAGES,
-# rows each token group stages through shared memory), deferral depths with peers (SWIFTQK_DEFER)
-# block sizes (SWIFTQK_BLOCK_THREADS) and vectors per thread (SWIFTQK_VPT),
+# Times SwiftQK at several launch shapes side by side in one run: stage depths (--stages, rows
+# each token group stages through shared memory), deferral depths with peers (--defer), block
+# sizes (--block-threads) and vectors per thread (--vpt), the benchmark's launch-tuning flags,
 # optionally against other builds of the benchmark (run at their defaults, each named by its
 # folder), and prints one table: median us per (model, tp, tokens) and run. Every timed
 # configuration is verified against float64 by the benchmark first; wrong results are counted
 # per run in the table's heading.
 #   bash scripts/tune_stages.sh [tokens] [tp] [shapes] [other_bench,...]
 # A shape is DEPTH[+DEFER][/THREADS][xVPT]: DEPTH the stages ("d" the library's default), DEFER
-# the deferral depth with peers (SWIFTQK_DEFER), THREADS the block size, VPT the vectors per
-# thread of staged rows (a row then takes the fewest lanes, down to 8). The first shape runs
+# the deferral depth with peers, THREADS the block size, VPT the vectors per thread of staged
+# rows (a row then takes the fewest lanes, down to 8). The first shape runs
 # first and again last, the difference being the noise.
 # A shape may be listed more than once; its later runs are numbered (s3_d2, s3_d2_2, ...).
 #   e.g. bash scripts/tune_stages.sh 4096 1,2,4,8 d,2,3,d/128,d/512 /path/to/old/swiftqk_bench
@@ -69,8 +69,12 @@ shape_run() {  # shape, run name suffix
   [ "$shape" != "$depth" ] && threads=${shape#*/}
   case $depth in *+*) defer=${depth#*+}; depth=${depth%%+*} ;; esac
   name="s$depth${defer:+_d$defer}${threads:+_b$threads}${vpt:+_v$vpt}$2"
-  SWIFTQK_STAGES=$([ "$depth" = d ] || echo "$depth") SWIFTQK_DEFER=$defer \
-    SWIFTQK_BLOCK_THREADS=$threads SWIFTQK_VPT=$vpt run "$name" "$bench"
+  local flags=()
+  [ "$depth" = d ] || flags+=(--stages "$depth")
+  [ -z "$defer" ] || flags+=(--defer "$defer")
+  [ -z "$threads" ] || flags+=(--block-threads "$threads")
+  [ -z "$vpt" ] || flags+=(--vpt "$vpt")
+  run "$name" "$bench" ${flags[@]+"${flags[@]}"}
 }
 IFS=, read -ra ds <<<"$depths"
 shape_run "${ds[0]}" _first

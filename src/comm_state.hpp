@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/launch_args.hpp"
+#include "retained_scratch.hpp"
 #include "swiftqk/communicator.hpp"
 
 namespace swiftqk::detail {
@@ -22,6 +23,13 @@ struct DeviceAllocations {
 };
 
 struct CommState;
+
+/// What the paper's NCCL baselines keep between launches (src/baselines/nccl_baselines.cu), made
+/// at their first launch.
+struct BaselineState;
+struct BaselineStateDeleter {
+  void operator()(BaselineState* b) const noexcept;
+};
 
 /// The ranks of a group that one process drives alone (create_local_group): with no peer in
 /// another process or thread, a reset or close can quiesce every rank itself.
@@ -54,17 +62,11 @@ struct CommState {
   int ranks_on_device = 1;                  // ranks of the group on this GPU driven by this process
   bool closed = false;
 
-  // NCCL baselines (src/nccl_baselines.cu).
+  // NCCL: the all-reduce path without P2P (src/nccl_allreduce_fallback.cu) and the baselines.
   ncclComm_t nccl = nullptr;  // from from_nccl; not owned: it must outlive this communicator
   bool p2p = true;            // false: fused-kernel launches take the NCCL all-reduce path instead
-  void* scratch = nullptr;    // grown outside capture; [send | recv | full rows | ones | stats]
-  std::size_t scratch_bytes = 0;
-  std::vector<void*> retired_scratch;  // outgrown scratch a captured graph may still use
-  int64_t ones_elems = 0;              // leading elements of the ones weight, in ones_dtype
-  DType ones_dtype = DType::kF32;
-  cudaStream_t side_stream = nullptr;    // Comm-Overlap's all-gathers
-  std::vector<cudaEvent_t> side_events;  // fork/join and per-chunk events
-  std::unique_ptr<Communicator> solo;    // world-1 communicator for full-width norms
+  RetainedScratch allreduce_scratch;  // the all-reduce path's [tokens] (q, k) partial sums
+  std::unique_ptr<BaselineState, BaselineStateDeleter> baselines;
 
   // One call in flight per communicator (see Communicator's doc).
   std::mutex launch_mutex;
@@ -109,10 +111,6 @@ bool stream_capturing(cudaStream_t stream);
 
 /// The kernel arguments of rank s for params p, starting at token first_token (launch.cu).
 RankArgs rank_args_for(const CommState& s, const QkNormParams& p, int64_t first_token);
-
-/// Runs an NCCL baseline method (All-Gather, Comm-Overlap, MiniMax eager) for one rank, chunked
-/// by the workspace capacity. p is validated; the caller holds the launch lock.
-void launch_nccl_baseline(Communicator& comm, const QkNormParams& p, cudaStream_t stream);
 
 /// Sets the current device for a scope and restores the previous one.
 class DeviceGuard {

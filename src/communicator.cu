@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "comm_state.hpp"
+#include "cuda_check.hpp"
 #include "kernels/exchange.cuh"
-#include "swiftqk/cuda_check.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk {
 
@@ -94,17 +94,10 @@ void CommState::release() {
   free_host(h_failure);
   if (last_done) cudaEventDestroy(last_done);
   last_done = nullptr;
-  if (scratch) cudaFree(scratch);
-  scratch = nullptr;
-  for (void* p : retired_scratch) cudaFree(p);
-  retired_scratch.clear();
-  for (cudaEvent_t e : side_events) cudaEventDestroy(e);
-  side_events.clear();
-  if (side_stream) cudaStreamDestroy(side_stream);
-  side_stream = nullptr;
+  allreduce_scratch.release();
+  baselines.reset();
   if (ctl_stream) cudaStreamDestroy(ctl_stream);
   ctl_stream = nullptr;
-  solo.reset();
   cudaSetDevice(prev);
   allocations.reset();  // the workspace, once no rank of the allocations is left
   local_ws = nullptr;

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "kernels/launch_args.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 #include "swiftqk/types.hpp"
 
 namespace swiftqk::detail {

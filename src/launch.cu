@@ -1,16 +1,19 @@
-// Host side of a QK-norm launch: checks, chunking by workspace capacity, kernel choice, grid.
+// Host side of a QK-norm launch: the checks, then the NCCL paths, or the plan
+// (make_launch_plan) and one fused kernel launch per chunk of it.
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
 
+#include "baselines/nccl_baselines.hpp"
 #include "comm_state.hpp"
+#include "cuda_check.hpp"
 #include "kernel_table.hpp"
 #include "kernels/swiftqk_fused.cuh"
+#include "launch_plan.hpp"
+#include "nccl_allreduce_fallback.hpp"
 #include "swiftqk/communicator.hpp"
-#include "swiftqk/cuda_check.hpp"
-#include "swiftqk/plan.hpp"
 
 namespace swiftqk {
 
@@ -90,42 +93,6 @@ int max_blocks_per_sm(KernelFn fn, int block, std::size_t smem, int device) {
   return n;
 }
 
-// SWIFTQK_STAGES and SWIFTQK_DEFER, which override the stages and deferral depth for tuning runs
-// (0 = not set).
-PipelineDepth forced_pipeline_depth() {
-  static const int stages =
-      tuning_override("SWIFTQK_STAGES", kMinStages, kMaxStages, "a stage depth");
-  static const int defer = tuning_override("SWIFTQK_DEFER", 1, kMaxStages - 1, "a deferral depth");
-  return PipelineDepth{stages, defer};
-}
-
-// Vectors per thread of staged rows; SWIFTQK_VPT (1, 2, 4 or 8) forces them, for tuning runs.
-int forced_vectors_per_thread() {
-  static const int forced = [] {
-    const int v = tuning_override("SWIFTQK_VPT", 1, kMaxVectorsPerThread, "vectors per thread");
-    SWIFTQK_EXPECTS(v == 0 || (v & (v - 1)) == 0, "SWIFTQK_VPT must be 1, 2, 4 or 8");
-    return v;
-  }();
-  return forced;
-}
-
-// The block order of a launch (choose_block_order); SWIFTQK_BLOCK_ORDER forces it for tuning
-// runs (1 rank-major, 2 interleaved) when the launch serves several ranks: one rank has one order.
-BlockOrder block_order(int ranks, int64_t tokens) {
-  static const int forced = tuning_override("SWIFTQK_BLOCK_ORDER", 1, 2, "a block order");
-  if (forced != 0 && ranks > 1) {
-    return forced == 1 ? BlockOrder::kRankMajor : BlockOrder::kInterleaved;
-  }
-  return choose_block_order(ranks, tokens);
-}
-
-// Threads per block the shape aims at; SWIFTQK_BLOCK_THREADS overrides it, for tuning runs.
-int block_threads_target(int world) {
-  static const int forced = tuning_override("SWIFTQK_BLOCK_THREADS", 32, 1024, "a thread count");
-  if (forced != 0) return forced;
-  return world == 1 ? kDefaultBlockThreadsAlone : kDefaultBlockThreads;
-}
-
 // One launch of a fused kernel, with the programmatic-serialization attribute when asked (the
 // kernel's griddepcontrol.wait then orders it after the previous kernel's memory operations).
 void launch_fused(KernelFn fn, dim3 grid, int block, std::size_t smem, cudaStream_t stream,
@@ -190,11 +157,11 @@ void check_group_agrees(const std::vector<Communicator*>& comms,
     SWIFTQK_EXPECTS(
         p.tokens == p0.tokens && p.q_full_width == p0.q_full_width &&
             p.k_full_width == p0.k_full_width && p.in_dtype == p0.in_dtype && p.order == p0.order &&
-            p.eps == p0.eps && p.method == p0.method && p.pdl == p0.pdl &&
+            p.eps == p0.eps && p.method == p0.method && p.pdl == p0.pdl && p.tuning == p0.tuning &&
             p.deterministic == p0.deterministic,
         who +
-            " differs from slot 0 in tokens, full widths, dtype, order, eps, method, pdl or "
-            "deterministic");
+            " differs from slot 0 in tokens, full widths, dtype, order, eps, method, pdl, tuning "
+            "or deterministic");
     SWIFTQK_EXPECTS(s.peers == s0.peers,
                     who + " belongs to another group (its peer table differs from slot 0's)");
     for (std::size_t j = 0; j < i; ++j) {
@@ -205,8 +172,10 @@ void check_group_agrees(const std::vector<Communicator*>& comms,
   }
 }
 
-void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNormParams>& params,
-                 cudaStream_t stream) {
+// Everything a launch checks before it plans: the communicators, each rank's parameters (which
+// throw and write nothing), earlier failures, and that the ranks agree.
+void check_launch(const std::vector<Communicator*>& comms,
+                  const std::vector<QkNormParams>& params) {
   SWIFTQK_EXPECTS(!comms.empty(), "launch: no communicator given");
   SWIFTQK_EXPECTS(comms.size() == params.size(), "launch: one QkNormParams per communicator");
   SWIFTQK_EXPECTS(static_cast<int>(comms.size()) <= detail::kMaxRanksPerLaunch,
@@ -223,160 +192,142 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     comms[i]->check_error();
   }
   check_group_agrees(comms, params);
+}
+
+// The kernel of a chunk: the call fixes the dtype, method, norm order and vector path, the plan
+// the vectors per thread and the chunk's orders.
+struct KernelPicker {
+  DType dtype;
+  detail::KernelKey key;
+  KernelFn of(int vectors_per_thread, const ChunkOrders& orders) const {
+    detail::KernelKey k = key;
+    k.vpt = vectors_per_thread;
+    k.slots = orders.slots;
+    k.blocks = orders.blocks;
+    const KernelFn f = detail::pick_kernel(dtype, k);
+    SWIFTQK_EXPECTS(f != nullptr, "launch: no kernel for this dtype and mode");
+    return f;
+  }
+};
+
+// What make_launch_plan asks of a kernel it weighs: its shared memory (the kernel's own formula)
+// and its residency on this device.
+struct FootprintOnDevice {
+  const KernelPicker& kernels;
+  int64_t row_vectors;  // 16-byte (or scalar) vectors of one rank's Q and K row
+  std::size_t weight_bytes;
+  int device;
+  KernelFootprint operator()(const KernelCandidate& c) const {
+    KernelFootprint f;
+    if (c.shape.vectors_per_thread > 0) {
+      f.smem_bytes = detail::staged_smem_bytes(row_vectors, c.shape.tokens_per_block, weight_bytes,
+                                               c.depth.stages);
+    }
+    f.blocks_per_sm = max_blocks_per_sm(kernels.of(c.shape.vectors_per_thread, c.orders),
+                                        c.shape.block_threads(), f.smem_bytes, device);
+    return f;
+  }
+};
+
+// What the policy reads of a group launch. Every rank's rows must allow 16-byte vectors for the
+// vector path.
+LaunchRequest request_of(const std::vector<QkNormParams>& params, const detail::CommState& s0,
+                         int world) {
+  const QkNormParams& p0 = params[0];
+  bool vector_path = true;
+  for (const QkNormParams& p : params) vector_path = vector_path && vector_bytes_for(p) == 16;
+  LaunchRequest r;
+  r.world = world;
+  r.ranks = static_cast<int>(params.size());
+  r.tokens = p0.tokens;
+  r.q_full_width = p0.q_full_width;
+  r.k_full_width = p0.k_full_width;
+  r.vec_elems = vector_path ? static_cast<int>(16 / dtype_size(p0.in_dtype)) : 1;
+  r.token_capacity = s0.config.token_capacity;
+  r.sm_count = sm_count(s0.device);
+  r.sm_budget = s0.config.sm_budget;
+  r.ranks_on_device = s0.ranks_on_device;
+  r.tuning = p0.tuning;
+  r.deterministic = p0.deterministic;
+  return r;
+}
+
+// The kernel arguments every chunk shares; each chunk then sets its tokens, hash, grid and ranks.
+LaunchArgs launch_args_of(const LaunchPlan& plan, const QkNormParams& p0,
+                          const detail::CommState& s0, int world) {
+  LaunchArgs a{};
+  a.world = world;
+  a.group_threads = plan.shape.group_threads;
+  a.tokens_per_block = plan.shape.tokens_per_block;
+  a.stages = plan.depth.stages;
+  a.defer = plan.depth.defer;
+  a.order = static_cast<int>(p0.order);
+  a.q_width = p0.q_full_width / world;
+  a.k_width = p0.k_full_width / world;
+  a.capacity = s0.config.token_capacity;
+  a.q_inv_full = 1.0f / static_cast<float>(p0.q_full_width);
+  a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
+  a.eps = p0.eps;
+  a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);  // validated: <= 3.6e12
+  a.det_q_slots = plan.det_q_slots;
+  return a;
+}
+
+// One call of the NCCL paths: a baseline method, or a fused method on a group without P2P.
+void launch_nccl_path(Communicator& comm, const QkNormParams& p, cudaStream_t stream) {
+  std::unique_lock<std::mutex> lock(comm.state().launch_mutex);
+  const bool capturing = detail::stream_capturing(stream);
+  comm.state().begin_launch(stream, capturing);
+  if (uses_nccl(p.method)) {
+    detail::launch_nccl_baseline(comm, p, stream);
+  } else {
+    detail::launch_nccl_allreduce_fallback(comm, p, stream);
+  }
+  comm.state().end_launch(stream, capturing);
+}
+
+void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNormParams>& params,
+                 cudaStream_t stream) {
+  check_launch(comms, params);
   const QkNormParams& p0 = params[0];
   const detail::CommState& s0 = comms[0]->state();
-  const int ranks = static_cast<int>(comms.size());
+  const int world = s0.world;
   if (p0.tokens == 0) return;  // nothing to exchange; the call counter stays put on every rank
   // A group without working P2P (from_nccl) exchanges the fused methods' partials through NCCL.
-  const bool nccl_fallback = !s0.p2p && !uses_nccl(p0.method);
-  SWIFTQK_EXPECTS(!(nccl_fallback && p0.deterministic),
+  SWIFTQK_EXPECTS(uses_nccl(p0.method) || s0.p2p || !p0.deterministic,
                   "launch: deterministic mode needs P2P between the ranks; this group exchanges "
                   "through NCCL (no P2P), whose reduction order is not the canonical one");
-  if (uses_nccl(p0.method) || nccl_fallback) {
+  if (uses_nccl(p0.method) || !s0.p2p) {
     SWIFTQK_EXPECTS(comms.size() == 1, "launch: method " + to_string(p0.method) +
                                            " runs one rank per launch (NCCL needs one GPU per "
                                            "rank); use launch_qk_norm");
-    QkNormParams p = p0;
-    if (nccl_fallback) p.method = Method::kMiniMaxEager;
-    std::unique_lock<std::mutex> lock(comms[0]->state().launch_mutex);
-    const bool capturing = detail::stream_capturing(stream);
-    comms[0]->state().begin_launch(stream, capturing);
-    detail::launch_nccl_baseline(*comms[0], p, stream);
-    comms[0]->state().end_launch(stream, capturing);
-    return;
+    return launch_nccl_path(*comms[0], p0, stream);
   }
-
-  const int64_t cap = s0.config.token_capacity;
-  SWIFTQK_EXPECTS(p0.tokens <= cap || s0.config.chunk_oversize,
+  SWIFTQK_EXPECTS(p0.tokens <= s0.config.token_capacity || s0.config.chunk_oversize,
                   "launch: " + std::to_string(p0.tokens) + " tokens exceed the workspace's " +
-                      std::to_string(cap) +
+                      std::to_string(s0.config.token_capacity) +
                       " (CommConfig.token_capacity) and chunk_oversize is off");
 
-  bool vector_path = true;
-  for (const QkNormParams& p : params) vector_path = vector_path && vector_bytes_for(p) == 16;
-  const int vec = vector_path ? static_cast<int>(16 / dtype_size(p0.in_dtype)) : 1;
-  const int64_t qw = p0.q_full_width / world, kw = p0.k_full_width / world;
-  const int64_t per_launch = std::min(cap, kMaxLaunchTokens);
-  const int block_target = block_threads_target(world);
-  const int forced_vpt = forced_vectors_per_thread();
-  const bool det = p0.deterministic;
-  SWIFTQK_EXPECTS(!det || vector_path,
-                  "launch: deterministic mode needs rows of 16-byte vectors (16-byte aligned "
-                  "pointers, strides and widths in whole vectors)");
-  SWIFTQK_EXPECTS(!det || forced_vpt == 0,
-                  "launch: deterministic mode fixes the vectors per thread; unset SWIFTQK_VPT");
-  // The deterministic mode's shape: one warp per canonical segment (validated by validate_params).
-  const DeterministicShape det_shape =
-      det ? deterministic_kernel_shape(qw, kw, vec, world, block_target) : DeterministicShape{};
-
   detail::DeviceGuard guard(s0.device);
-  const int sms = sm_count(s0.device);
-  // Ranks of a local group launched apart (each on its own stream) must all fit the GPU at once:
-  // a launch serving fewer of them than share this GPU takes its share of the budget.
-  const int budget = [&] {
-    const int on_device = s0.ranks_on_device;
-    if (ranks >= on_device) return s0.config.sm_budget;
-    const int base = s0.config.sm_budget == 0 ? sms : std::min(s0.config.sm_budget, sms);
-    return std::max(1, base * ranks / on_device);
-  }();
-  // Every launch but the last covers per_launch tokens: the first one's count picks the depth.
-  const int64_t launch_tokens = std::min(per_launch, p0.tokens);
-  // A chunk's slot order and block order. The slot order, like the hash, follows the chunk's
-  // token count: every rank derives it from the hashed values alone (choose_slot_layout).
-  // Virtual ranks' blocks interleave from kInterleaveMinTokens tokens (choose_block_order).
-  struct Orders {
-    SlotLayout slots;
-    BlockOrder blocks;
-  };
-  auto orders_of = [&](int64_t chunk) {
-    if (det) return Orders{SlotLayout::kTokenMajor, BlockOrder::kRankMajor};  // its only ones
-    return Orders{choose_slot_layout(world, p0.q_full_width, p0.k_full_width, chunk),
-                  block_order(ranks, chunk)};
-  };
-  // The chunks are launch_tokens long but the last, so at most two pairs of orders occur.
-  const int64_t last_chunk = p0.tokens - (p0.tokens - 1) / per_launch * per_launch;
-  const Orders used[2] = {orders_of(launch_tokens), orders_of(last_chunk)};
-  // A layout with its pipeline, kernels (one per pair of orders the chunks use, picked per
-  // chunk), shared memory and residency.
-  struct Layout {
-    PipelineDepth depth;
-    KernelShape shape;
-    KernelFn fn[2][2];  // [SlotLayout][BlockOrder], those of `used`
-    std::size_t smem;
-    int occ;
-    KernelFn& of(const Orders& o) {
-      return fn[static_cast<int>(o.slots)][static_cast<int>(o.blocks)];
-    }
-  };
-  auto layout_of = [&](const PipelineDepth& depth, const KernelShape& shape) {
-    Layout l{depth, shape, {}, 0, 0};
-    for (const Orders& o : used) {
-      detail::KernelKey key;
-      key.vector_path = vector_path;
-      key.vpt = shape.vectors_per_thread;
-      key.method = p0.method;
-      key.order = p0.order;
-      key.alone = world == 1;
-      key.slots = o.slots;
-      key.blocks = o.blocks;
-      key.deterministic = det;
-      KernelFn& f = l.of(o);
-      f = detail::pick_kernel(p0.in_dtype, key);
-      SWIFTQK_EXPECTS(f != nullptr, "launch: unknown dtype");
-    }
-    if (shape.vectors_per_thread > 0) {
-      l.smem = detail::staged_smem_bytes(qw / vec + kw / vec, shape.tokens_per_block,
-                                         (qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)),
-                                         depth.stages);
-    }
-    // The grid must fit the residency of each kernel the chunks take (instantiations of one
-    // kernel; asking also sets each one's shared-memory limit before its first launch). Usually
-    // there is one: the occupancy cache is asked once per layout, not once per kernel.
-    l.occ = max_blocks_per_sm(l.of(used[0]), shape.block_threads(), l.smem, s0.device);
-    if (l.of(used[1]) != l.of(used[0])) {
-      l.occ = std::min(l.occ,
-                       max_blocks_per_sm(l.of(used[1]), shape.block_threads(), l.smem, s0.device));
-    }
-    return l;
-  };
-  // Short rows go several to a warp when the GPU is full anyway (the unpacked grid of the first
-  // launch is capped by residency); with fewer rows, one row a warp spreads them over more SMs.
-  // The packed blocks hold more rows, so fewer fit an SM: under a small SM budget every rank
-  // must still get one.
-  auto layout_for = [&](const PipelineDepth& depth) {
-    if (det) return layout_of(depth, det_shape.shape);
-    Layout lay =
-        layout_of(depth, choose_kernel_shape(qw, kw, vec, block_target, world, forced_vpt));
-    const KernelShape packed = packed_kernel_shape(qw, kw, vec, block_target, world);
-    if (forced_vpt == 0 && packed.vectors_per_thread > 0 &&
-        grid_is_full(launch_tokens, ranks, lay.shape.tokens_per_block, lay.occ, sms, budget)) {
-      const Layout p = layout_of(depth, packed);
-      if (resident_blocks(p.occ, sms, budget) >= ranks) lay = p;
-    }
-    return lay;
-  };
-  const PipelineDepth forced = forced_pipeline_depth();
-  const bool tuning = forced.stages != 0 || forced.defer != 0;
-  // Up to kFewTokensMax tokens at TP 4-8, 3 stages with D = 1 (docs/design.md, "Launch shape").
-  const PipelineDepth few =
-      tuning ? PipelineDepth{0, 0} : few_token_pipeline_depth(world, launch_tokens);
-  Layout lay =
-      layout_for(few.stages != 0 ? few : choose_pipeline_depth(world, forced.stages, forced.defer));
-  // Otherwise, few tokens at TP >= 8: a shallower ring that fits more groups on the GPU can be
-  // worth more than the row loading ahead (docs/design.md, "Launch shape").
-  const PipelineDepth shallow = shallow_pipeline_depth(world, launch_tokens);
-  if (!tuning && few.stages == 0 && shallow.stages != 0) {
-    const Layout s = layout_for(shallow);
-    auto resident_groups = [&](const Layout& l) {
-      return resident_blocks(l.occ, sms, budget) * l.shape.tokens_per_block;
-    };
-    if (take_shallow_pipeline(launch_tokens, resident_groups(lay), resident_groups(s))) lay = s;
-  }
-  const PipelineDepth depth = lay.depth;
-  const int stages = depth.stages;
-  const KernelShape& shape = lay.shape;
-  const std::size_t smem = lay.smem;
-  const int occ = lay.occ;
+  const LaunchRequest req = request_of(params, s0, world);
+  KernelPicker kernels{p0.in_dtype, {}};
+  kernels.key.vector_path = req.vec_elems > 1;
+  kernels.key.method = p0.method;
+  kernels.key.order = p0.order;
+  kernels.key.alone = world == 1;
+  kernels.key.deterministic = p0.deterministic;
+  const int64_t qw = p0.q_full_width / world, kw = p0.k_full_width / world;
+  const FootprintOnDevice footprint{
+      kernels, qw / req.vec_elems + kw / req.vec_elems,
+      static_cast<std::size_t>(qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)), s0.device};
+  // By reference: the callback then holds one pointer and copies nothing.
+  const LaunchPlan plan = make_launch_plan(req, std::cref(footprint));
+
+  LaunchArgs a = launch_args_of(plan, p0, s0, world);
+  const int vpt = plan.shape.vectors_per_thread;
+  // Every instantiation comes from one build: one of them answers for all.
+  const bool pdl = p0.pdl && can_launch_pdl(kernels.of(vpt, plan.chunk(0).orders), s0.device);
+  a.pdl = pdl ? 1 : 0;
 
   const bool capturing = detail::stream_capturing(stream);
   std::vector<std::unique_lock<std::mutex>> locks;
@@ -384,40 +335,21 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     locks.emplace_back(c->state().launch_mutex);
     c->state().begin_launch(stream, capturing);
   }
-
-  LaunchArgs a{};
-  a.world = world;
-  a.group_threads = shape.group_threads;
-  a.tokens_per_block = shape.tokens_per_block;
-  a.stages = stages;
-  a.defer = depth.defer;
-  a.order = static_cast<int>(p0.order);
-  a.q_width = qw;
-  a.k_width = kw;
-  a.capacity = cap;
-  a.q_inv_full = 1.0f / static_cast<float>(p0.q_full_width);
-  a.k_inv_full = 1.0f / static_cast<float>(p0.k_full_width);
-  a.eps = p0.eps;
-  a.timeout_ns = static_cast<uint64_t>(s0.config.timeout_s * 1e9);  // validated: <= 3.6e12
-  // Every instantiation comes from one build: one of them answers for all.
-  const bool pdl = p0.pdl && can_launch_pdl(lay.of(used[0]), s0.device);
-  a.pdl = pdl ? 1 : 0;
-  a.det_q_slots = det_shape.q_slots;
-
-  for (int64_t first = 0; first < p0.tokens; first += per_launch) {
-    const int64_t chunk = std::min(per_launch, p0.tokens - first);
-    const GridPlan g = plan_grid(chunk, ranks, shape.tokens_per_block, occ, sms, budget);
-    a.tokens = chunk;
+  for (int64_t i = 0; i < plan.chunks; ++i) {
+    const ChunkPlan c = plan.chunk(i);
+    a.tokens = c.tokens;
     // The chunk's token count is hashed too: a peer called with another token count must not
     // lend its partials to this call's first tokens (every token then times out, naming it).
     // A rank in the deterministic mode never lends its partials to one that is not.
     a.config_hash = config_hash(p0.q_full_width, p0.k_full_width, world, p0.eps,
-                                static_cast<int>(p0.order), chunk) ^
-                    (det ? kDeterministicHashSalt : 0u);
-    a.blocks_per_rank = g.blocks_per_rank;
-    for (int i = 0; i < ranks; ++i)
-      a.r[i] = detail::rank_args_for(comms[i]->state(), params[i], first);
-    launch_fused(lay.of(orders_of(chunk)), g.grid(), shape.block_threads(), smem, stream, a, pdl);
+                                static_cast<int>(p0.order), c.tokens) ^
+                    (p0.deterministic ? kDeterministicHashSalt : 0u);
+    a.blocks_per_rank = c.grid.blocks_per_rank;
+    for (std::size_t r = 0; r < comms.size(); ++r) {
+      a.r[r] = detail::rank_args_for(comms[r]->state(), params[r], c.first_token);
+    }
+    launch_fused(kernels.of(vpt, c.orders), c.grid.grid(), plan.shape.block_threads(),
+                 plan.smem_bytes, stream, a, pdl);
   }
   for (Communicator* c : comms) c->state().end_launch(stream, capturing);
 }

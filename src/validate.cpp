@@ -3,9 +3,9 @@
 #include <cstdint>
 #include <string>
 
+#include "launch_plan.hpp"
 #include "swiftqk/comm_config.hpp"
 #include "swiftqk/error.hpp"
-#include "swiftqk/plan.hpp"
 #include "swiftqk/qk_norm_params.hpp"
 
 namespace swiftqk {
@@ -107,6 +107,7 @@ void validate_params(const QkNormParams& p, int world) {
   SWIFTQK_EXPECTS(m >= 0 && m <= static_cast<int>(Method::kMiniMaxEager), "method is not a Method");
   const int dt = static_cast<int>(p.in_dtype);
   SWIFTQK_EXPECTS(dt >= 0 && dt <= 3, "in_dtype is not a DType");
+  p.tuning.validate();
   const DType out_t = output_dtype_for(p.in_dtype);
   check_shard("q", p.q, p.tokens, p.q_full_width, world, p.in_dtype, out_t);
   check_shard("k", p.k, p.tokens, p.k_full_width, world, p.in_dtype, out_t);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "swiftqk/launch_tuning.hpp"
 #include "swiftqk/types.hpp"
 
 namespace swiftqk {
@@ -38,6 +39,10 @@ struct QkNormParams {
   /// launched this way be scheduled early in turn. What it saves is launch latency between
   /// kernels. All ranks of a group launch must agree on it.
   bool pdl = false;
+  /// Overrides of the tuned launch shape (stages, deferral, vectors and threads, block order);
+  /// the default leaves every choice to the tuned policy. Ignored by the NCCL methods and the
+  /// NCCL fallback, whose kernels have one shape. All ranks of a group launch must agree on it.
+  LaunchTuning tuning;
   /// Deterministic (TP-invariant) mode: every sum of squares is taken in one canonical order
   /// (16 equal segments of each full row, each reduced in a fixed order, combined in a fixed
   /// binary tree; docs/design.md, "Deterministic mode"), so a token's output bits are the same
@@ -48,7 +53,8 @@ struct QkNormParams {
 };
 
 /// @brief Throws swiftqk::Error naming the first problem with p for a group of world_size ranks.
-/// Checks shapes, strides, dtypes, null and misaligned pointers, eps and in/out overlap.
+/// Checks shapes, strides, dtypes, null and misaligned pointers, eps, in/out overlap and the
+/// tuning (LaunchTuning::validate).
 void validate_params(const QkNormParams& p, int world_size);
 
 /// @brief Bytes of vector each row can be moved in: 16 when every pointer, stride and width

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "kernels/launch_args.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::detail {
 
@@ -60,7 +60,7 @@ __device__ __forceinline__ uint64_t load_volatile64(const uint64_t* p) {
   return *reinterpret_cast<const volatile uint64_t*>(p);
 }
 
-/// This rank's fault word (plan.hpp's fault_offset): nonzero once any rank of the group failed.
+/// This rank's fault word (protocol.hpp's fault_offset): nonzero once any rank of the group failed.
 __device__ __forceinline__ uint64_t* fault_word(uint8_t* ws, int world, int64_t capacity) {
   return reinterpret_cast<uint64_t*>(ws + fault_offset(world, capacity));
 }

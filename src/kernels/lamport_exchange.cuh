@@ -10,7 +10,7 @@
 
 #include "kernels/exchange.cuh"
 #include "kernels/launch_args.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::detail {
 

@@ -85,8 +85,8 @@ struct LaunchArgs {
   uint32_t config_hash;
   uint64_t timeout_ns;
   int pdl;  // launched with programmatic dependent launch: trigger the dependents
-  // Deterministic mode (canonical_order.hpp): the staged slots of each thread that hold Q
-  // vectors (the rest hold K); a segment's lane takes its vectors lane, lane + 32, ...
+  // Deterministic mode (protocol.hpp, kCanonicalSegments): the staged slots of each thread that
+  // hold Q vectors (the rest hold K); a segment's lane takes its vectors lane, lane + 32, ...
   int det_q_slots;
 };
 

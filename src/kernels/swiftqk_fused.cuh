@@ -12,7 +12,7 @@
 #include "kernels/exchange.cuh"
 #include "kernels/lamport_exchange.cuh"
 #include "kernels/launch_args.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::detail {
 
@@ -140,11 +140,11 @@ __device__ __forceinline__ void write_output(const RankArgs& ra, int64_t t, int6
 
 /// The exchange runs on the W = min(group, 32) lanes of the group's first warp (the whole group
 /// when it is narrower than a warp); lane sl of them serves rank sl. W >= world always: a group
-/// narrower than a warp has at least world lanes (plan.hpp), a wider one 32 >= kMaxWorld.
+/// narrower than a warp has at least world lanes (launch_plan.hpp), a wider one 32 >= kMaxWorld.
 
 /// Lane sl's slots of this call's bank at token 0: the one it publishes into (this rank's slot
 /// in rank sl's workspace) and the one it watches (rank sl's slot in this rank's workspace).
-/// Token t's are t * slot_token_words words further (plan.hpp's slot_token_stride in 8-byte
+/// Token t's are t * slot_token_words words further (protocol.hpp's slot_token_stride in 8-byte
 /// words, which is CPU-tested against slot_offset). Computed once per block: per token only one
 /// multiply.
 /// peer_ws is rank sl's workspace (ra.peers[sl], loaded by the caller well before: computing
@@ -281,8 +281,8 @@ __device__ __forceinline__ void cp_async_wait() {
 
 /// Rows staged through shared memory: a group's ring of `stages` rows holds the token being
 /// written, the one being reduced (the same one unless deferring) and the rest in flight. The
-/// host picks the depth (plan.hpp, kMinStages..kMaxStages): deeper hides more latency, shallower
-/// lets more blocks share an SM.
+/// host picks the depth (launch_plan.hpp, kMinStages..kMaxStages): deeper hides more latency,
+/// shallower lets more blocks share an SM.
 
 /// Dynamic shared memory of the staged kernel (host and device agree on it): the stage ring of
 /// 16-byte input vectors, then the block's copy of the weight slice.

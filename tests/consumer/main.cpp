@@ -1,11 +1,41 @@
-// Calls SwiftQK's host-side API through the installed package: a bad QkNormParams must throw
-// swiftqk::Error, and the launch planner must return a usable thread layout.
+// Calls SwiftQK's host-side API through the installed package: a bad QkNormParams and a bad
+// LaunchTuning must throw swiftqk::Error, and the library's internal headers must not be
+// installed. Built against swiftqk::swiftqk, it includes the umbrella header instead.
 #include <cstdio>
 #include <string>
 
+#ifdef SWIFTQK_CONSUMER_CUDA
+#include "swiftqk/swiftqk.hpp"
+#else
 #include "swiftqk/error.hpp"
-#include "swiftqk/plan.hpp"
+#include "swiftqk/launch_tuning.hpp"
 #include "swiftqk/qk_norm_params.hpp"
+#endif
+
+// The library's own headers (src/) and the test support's stay out of the install.
+#if __has_include("swiftqk/plan.hpp") || __has_include("swiftqk/cuda_check.hpp")
+#error "the install holds an internal SwiftQK header"
+#endif
+#if __has_include("swiftqk/reference.hpp") || __has_include("swiftqk/launch_plan.hpp")
+#error "the install holds an internal SwiftQK header"
+#endif
+
+namespace {
+
+// Runs f, which must throw swiftqk::Error; prints what it said.
+template <typename F>
+bool refuses(const char* what, F f) {
+  try {
+    f();
+  } catch (const swiftqk::Error& e) {
+    std::printf("%s refused: %s\n", what, e.what());
+    return true;
+  }
+  std::fprintf(stderr, "FAILED: %s was accepted\n", what);
+  return false;
+}
+
+}  // namespace
 
 int main() {
   swiftqk::QkNormParams p;
@@ -14,27 +44,17 @@ int main() {
   p.k_full_width = 1024;
   p.q.width = 5120 / 3;  // widths that do not split over 3 ranks: must be refused
   p.k.width = 1024 / 3;
-  bool threw = false;
-  try {
-    swiftqk::validate_params(p, 3);
-  } catch (const swiftqk::Error& e) {
-    threw = true;
-    std::printf("validate_params refused a bad call: %s\n", e.what());
-  }
-  if (!threw) {
-    std::fprintf(stderr, "FAILED: validate_params accepted widths that do not split over 3\n");
+  if (!refuses("widths that do not split over 3 ranks", [&] { swiftqk::validate_params(p, 3); })) {
     return 1;
   }
-  // OLMo 2 13B at TP 4 in bf16: 1280 elements of Q and of K a rank, 8 per 16-byte vector.
-  const swiftqk::KernelShape s = swiftqk::choose_kernel_shape(1280, 1280, 8);
-  std::printf(
-      "choose_kernel_shape(1280, 1280, 8): %d vectors a thread, %d threads a token, %d "
-      "tokens a block\n",
-      s.vectors_per_thread, s.group_threads, s.tokens_per_block);
-  if (s.group_threads <= 0 || s.tokens_per_block <= 0 || s.block_threads() > 1024) {
-    std::fprintf(stderr, "FAILED: choose_kernel_shape returned an unusable layout\n");
-    return 1;
-  }
+  // A tuning an engine might set: a valid one passes, stages past kMaxStages do not.
+  swiftqk::LaunchTuning t;
+  t.stages = 3;
+  t.defer = 2;
+  t.block_order = swiftqk::LaunchTuning::BlockOrder::kInterleaved;
+  t.validate();
+  t.stages = swiftqk::kMaxStages + 1;
+  if (!refuses("LaunchTuning.stages past kMaxStages", [&] { t.validate(); })) return 1;
   std::printf("swiftqk consumer: ok\n");
   return 0;
 }

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "expect_error.hpp"
+#include "launch_plan.hpp"
+#include "reference.hpp"
 #include "swiftqk/error.hpp"
-#include "swiftqk/plan.hpp"
 #include "swiftqk/qk_norm_params.hpp"
-#include "swiftqk/reference.hpp"
 
 namespace swiftqk {
 namespace {

@@ -5,8 +5,8 @@
 
 #include <string>
 
+#include "protocol.hpp"
 #include "swiftqk/device_failure.hpp"
-#include "swiftqk/plan.hpp"
 
 namespace swiftqk {
 namespace {

@@ -8,7 +8,7 @@
 #include <iostream>
 
 #include "model/lamport_model.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk {
 namespace {

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "model/protocol_model.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk {
 namespace {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "expect_error.hpp"
+#include "reference.hpp"
 #include "swiftqk/error.hpp"
-#include "swiftqk/reference.hpp"
 
 namespace swiftqk {
 namespace ref {

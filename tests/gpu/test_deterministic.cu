@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "expect_error.hpp"
+#include "launch_plan.hpp"
 #include "problem.hpp"
-#include "swiftqk/plan.hpp"
-#include "swiftqk/reference.hpp"
+#include "reference.hpp"
 
 namespace swiftqk::testing {
 namespace {

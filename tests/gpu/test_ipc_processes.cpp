@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "problem.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 extern char** environ;
 

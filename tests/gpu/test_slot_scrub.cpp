@@ -9,7 +9,7 @@
 
 #include "comm_state.hpp"
 #include "problem.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::testing {
 namespace {

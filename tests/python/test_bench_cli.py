@@ -50,6 +50,21 @@ BAD = [
     (["--json", "/nonexistent/x.json"], "--json", "/nonexistent/x.json"),
     (["--csv", "/nonexistent/x.csv"], "--csv", "/nonexistent/x.csv"),
     (["--markdown", "/nonexistent/x.md"], "--markdown", "/nonexistent/x.md"),
+    # The launch tuning: LaunchTuning's ranges, checked before anything runs.
+    (["--stages", "1"], "--stages", "1"),
+    (["--stages", "6"], "--stages", "6"),
+    (["--stages", "-3"], "--stages", "-3"),
+    (["--stages", "3x"], "--stages", "3x"),
+    (["--stages", "x"], "--stages", "x"),
+    (["--stages", " 3"], "--stages", " 3"),
+    (["--stages", "99999999999999999999"], "--stages", "99999999999999999999"),
+    (["--defer", "5"], "--defer", "5"),
+    (["--stages", "3", "--defer", "3"], "--defer", "3"),
+    (["--vpt", "3"], "--vpt", "3"),
+    (["--vpt", "16"], "--vpt", "16"),
+    (["--block-threads", "16"], "--block-threads", "16"),
+    (["--block-threads", "2048"], "--block-threads", "2048"),
+    (["--block-order", "sideways"], "--block-order", "sideways"),
 ]
 
 
@@ -80,7 +95,8 @@ def test_help_shows_defaults_and_models_and_hides_internal_flags():
     assert "1,16,64,256,1024,4096,16384" in r.stdout  # --tokens
     iters = next(line for line in r.stdout.splitlines() if "--iters" in line)
     assert "200" in iters
-    for flag in ("--csv", "--markdown", "--json", "--list-models"):
+    for flag in ("--csv", "--markdown", "--json", "--list-models", "--stages", "--defer", "--vpt",
+                 "--block-threads", "--block-order"):
         assert flag in r.stdout
     for hidden in ("--rank", "--world", "--rendezvous"):
         assert hidden not in r.stdout
@@ -100,6 +116,12 @@ def test_good_arguments_pass_the_parser():
              "--shapes", "4096:1024", "--dtype", "bf16,fp8", "--methods", "swiftqk,all_gather",
              "--iters", "3", "--warmup", "1", "--procs", "2", "--order", "llama",
              "--list-models")
+    assert r.returncode == 0, r.stderr
+    r = _run("--stages", "3", "--defer", "2", "--vpt", "8", "--block-threads", "512",
+             "--block-order", "interleaved", "--list-models")
+    assert r.returncode == 0, r.stderr
+    r = _run("--stages", "0", "--defer", "4", "--vpt", "0", "--block-threads", "0",
+             "--block-order", "tuned", "--list-models")
     assert r.returncode == 0, r.stderr
 
 

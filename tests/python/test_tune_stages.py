@@ -1,6 +1,6 @@
 """scripts/tune_stages.sh, run without a GPU against a stand-in benchmark that reports the tuning
-variables it was started with: each shape sets the right variables, a repeated shape keeps all
-its runs, and the table lists every run."""
+flags it was started with: each shape passes the right flags, a repeated shape keeps all its
+runs, and the table lists every run."""
 
 import os
 import shutil
@@ -8,12 +8,27 @@ import subprocess
 
 REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 
-# The stand-in: writes one result whose median encodes SWIFTQK_STAGES, _DEFER, _BLOCK_THREADS
-# and _VPT (unset = 0) as S*1000 + D*100 + (threads / 32) + VPT / 10.
+# The stand-in: writes one result whose median encodes --stages, --defer, --block-threads and
+# --vpt (not given = 0) as S*1000 + D*100 + (threads / 32) + VPT / 10; a run started with one of
+# the environment variables that used to carry the tuning counts as wrong.
+OLD_TUNING_VARIABLES = ("SWIFTQK_STAGES", "SWIFTQK_DEFER", "SWIFTQK_BLOCK_THREADS", "SWIFTQK_VPT",
+                        "SWIFTQK_BLOCK_ORDER")
 FAKE_BENCH = r"""#!/usr/bin/env bash
-while [ $# -gt 0 ]; do [ "$1" = --json ] && out=$2; shift; done
-us=$(( ${SWIFTQK_STAGES:-0} * 1000 + ${SWIFTQK_DEFER:-0} * 100 + ${SWIFTQK_BLOCK_THREADS:-0} / 32 ))
-echo "[{\"model\":\"m\",\"tp\":2,\"tokens\":4096,\"median_us\":$us.${SWIFTQK_VPT:-0},\"wrong\":0}]" >"$out"
+wrong=0
+for var in """ + " ".join(OLD_TUNING_VARIABLES) + r"""; do [ -n "${!var:-}" ] && wrong=1; done
+s=0 d=0 b=0 v=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --json) out=$2 ;;
+    --stages) s=$2 ;;
+    --defer) d=$2 ;;
+    --block-threads) b=$2 ;;
+    --vpt) v=$2 ;;
+  esac
+  shift
+done
+us=$(( s * 1000 + d * 100 + b / 32 ))
+echo "[{\"model\":\"m\",\"tp\":2,\"tokens\":4096,\"median_us\":$us.$v,\"wrong\":$wrong}]" >"$out"
 """
 
 
@@ -26,7 +41,7 @@ def run_tune(tmp_path, shapes, others=()):
     bench.chmod(0o755)
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out))
-    for v in ("SWIFTQK_STAGES", "SWIFTQK_DEFER", "SWIFTQK_BLOCK_THREADS", "SWIFTQK_VPT"):
+    for v in OLD_TUNING_VARIABLES:
         env.pop(v, None)
     args = ["bash", str(tmp_path / "scripts" / "tune_stages.sh"), "4096", "2", shapes]
     if others:
@@ -39,14 +54,14 @@ def run_tune(tmp_path, shapes, others=()):
     return r.stdout, out
 
 
-def test_each_shape_sets_its_variables_and_repeats_are_kept(tmp_path):
+def test_each_shape_passes_its_flags_and_repeats_are_kept(tmp_path):
     text, out = run_tune(tmp_path, "d,3+2,4/128x8,3+2,3+2")
     header = [line for line in text.splitlines() if line.startswith("| model")][0]
     names = [c.strip() for c in header.split("|")[4:-2]]
     assert names == ["sd_first", "s3_d2", "s4_b128_v8", "s3_d2_2", "s3_d2_3", "sd_again"]
     row = [line for line in text.splitlines() if line.startswith("| m |")][0]
     cells = [c.strip() for c in row.split("|")[4:-2]]
-    # d: nothing set; 3+2: S 3, D 2; 4/128x8: S 4, 128 threads, VPT 8.
+    # d: no flag; 3+2: S 3, D 2; 4/128x8: S 4, 128 threads, VPT 8.
     assert cells == ["0.00", "3200.00", "4004.80", "3200.00", "3200.00", "0.00"]
     for n in names:
         assert (out / f"tune_{n}.json").exists()

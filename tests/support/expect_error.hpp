@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "swiftqk/error.hpp"
 
@@ -38,6 +39,12 @@ template <typename Fn>
     return ::testing::AssertionFailure() << "threw something other than an exception";
   }
   return ::testing::AssertionFailure() << "threw nothing";
+}
+
+/// throws_error with one part.
+template <typename Fn>
+::testing::AssertionResult throws_error(Fn&& fn, std::string_view part) {
+  return throws_error(std::forward<Fn>(fn), {part});
 }
 
 /// Expects fn() to throw swiftqk::Error whose what() contains every one of `parts`; a failure is

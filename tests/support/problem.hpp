@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.hpp"
+#include "reference.hpp"
 #include "swiftqk/communicator.hpp"
-#include "swiftqk/cuda_check.hpp"
-#include "swiftqk/reference.hpp"
 
 namespace swiftqk::testing {
 

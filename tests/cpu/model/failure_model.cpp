@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "swiftqk/error.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::model::failure {
 namespace {

@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "harness.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::model::lamport {
 

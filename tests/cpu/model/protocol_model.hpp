@@ -34,7 +34,7 @@
 #include <cstdint>
 
 #include "harness.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::model::protocol {
 

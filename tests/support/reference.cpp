@@ -1,5 +1,5 @@
 // Float64 RMSNorm reference, an fp32-kernel emulation, bit-exact dtype conversions and metrics.
-#include "swiftqk/reference.hpp"
+#include "reference.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "swiftqk/error.hpp"
-#include "swiftqk/plan.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk {
 namespace ref {

@@ -1,70 +1,24 @@
-// The paper's NCCL baselines behind the same launch API: All-Gather (vLLM's OLMo2 path),
-// Comm-Overlap (the all-gathers of the next chunk overlapped with normalising this one) and
-// MiniMax eager (partial sums, ncclAllReduce, apply). One rank per launch; NCCL is used when the
-// group has more than one rank (it then needs a communicator from from_nccl).
+// All-Gather and Comm-Overlap (nccl_baselines.hpp): the shards all-gathered into full rows,
+// normalised by the fused kernel alone (world 1, weights of one), and this rank's slice scaled
+// with its own weights.
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "baselines/nccl_baselines.hpp"
 #include "comm_state.hpp"
+#include "cuda_check.hpp"
 #include "kernels/eager_kernels.cuh"
-#include "swiftqk/cuda_check.hpp"
-#include "swiftqk/reference.hpp"
+#include "nccl_allreduce_fallback.hpp"
 
 namespace swiftqk::detail {
 
 namespace {
 
 constexpr int kOverlapChunks = 4;  // Comm-Overlap: token chunks pipelined over two streams
-
-template <typename Tin>
-void partial_sums(const RankArgs& ra, int64_t T, int64_t wq, int64_t wk, bool vec, float2* out,
-                  int grid, cudaStream_t s) {
-  constexpr int kVec = 16 / sizeof(Tin);
-  if (vec) {
-    partial_sums_kernel<Tin, kVec><<<grid, 256, 0, s>>>(ra, T, wq, wk, out);
-  } else {
-    partial_sums_kernel<Tin, 1><<<grid, 256, 0, s>>>(ra, T, wq, wk, out);
-  }
-}
-
-template <typename Tin>
-void apply_scale(const RankArgs& ra, int64_t T, int64_t wq, int64_t wk, bool vec, NormOrder o,
-                 const float2* stat, bool is_rstd, float qi, float ki, float eps, int grid,
-                 cudaStream_t s) {
-  constexpr int kVec = 16 / sizeof(Tin);
-  const bool olmo2 = o == NormOrder::kOlmo2;
-  if (vec && olmo2) {
-    apply_scale_kernel<Tin, kVec, true>
-        <<<grid, 256, 0, s>>>(ra, T, wq, wk, stat, is_rstd, qi, ki, eps);
-  } else if (vec) {
-    apply_scale_kernel<Tin, kVec, false>
-        <<<grid, 256, 0, s>>>(ra, T, wq, wk, stat, is_rstd, qi, ki, eps);
-  } else if (olmo2) {
-    apply_scale_kernel<Tin, 1, true>
-        <<<grid, 256, 0, s>>>(ra, T, wq, wk, stat, is_rstd, qi, ki, eps);
-  } else {
-    apply_scale_kernel<Tin, 1, false>
-        <<<grid, 256, 0, s>>>(ra, T, wq, wk, stat, is_rstd, qi, ki, eps);
-  }
-}
-
-// Dispatch on the input type for the two eager kernels.
-template <typename F>
-void with_type(DType t, F f) {
-  switch (t) {
-    case DType::kF32:
-      return f(float{});
-    case DType::kF16:
-      return f(__half{});
-    case DType::kBF16:
-      return f(__nv_bfloat16{});
-    case DType::kF8E4M3:
-      return f(__nv_fp8_e4m3{});
-  }
-}
 
 void interleave(const uint8_t* gathered, uint8_t* full, int world, int64_t T, int64_t w_bytes,
                 cudaStream_t s) {
@@ -110,54 +64,88 @@ Scratch carve(uint8_t* base, int world, int64_t cap, int64_t wq, int64_t wk, std
   return sc;
 }
 
+// `n` ones in the output type `out` (f32, f16 or bf16), as the bytes the weights hold.
+std::vector<uint8_t> ones_of(DType out, int64_t n) {
+  std::vector<uint8_t> host(n * dtype_size(out));
+  const float one_f32 = 1.0f;
+  const uint16_t one_16 = out == DType::kF16 ? 0x3c00 : 0x3f80;  // binary16 / bfloat16 1.0
+  for (int64_t i = 0; i < n; ++i) {
+    if (out == DType::kF32) {
+      std::memcpy(host.data() + 4 * i, &one_f32, 4);
+    } else {
+      std::memcpy(host.data() + 2 * i, &one_16, 2);
+    }
+  }
+  return host;
+}
+
+const char* const kBaselines = "method all_gather/comm_overlap";
+
+}  // namespace
+
+// The scratch of the full rows, the side stream and the communicator of one rank that normalises
+// them. Freed with the communicator's state, its device current.
+struct BaselineState {
+  RetainedScratch scratch;  // [ones | send | recv | full rows | out | stats] (carve)
+  int64_t ones_elems = 0;   // leading elements of the ones weight, in ones_dtype
+  DType ones_dtype = DType::kF32;
+  cudaStream_t side_stream = nullptr;    // Comm-Overlap's all-gathers
+  std::vector<cudaEvent_t> side_events;  // fork/join and per-chunk events
+  std::unique_ptr<Communicator> solo;    // world-1 communicator for full-width norms
+
+  ~BaselineState() {
+    for (cudaEvent_t e : side_events) cudaEventDestroy(e);
+    if (side_stream) cudaStreamDestroy(side_stream);
+  }
+};
+
+void BaselineStateDeleter::operator()(BaselineState* b) const noexcept { delete b; }
+
+namespace {
+
+BaselineState& baselines_of(CommState& st) {
+  if (!st.baselines) st.baselines.reset(new BaselineState);
+  return *st.baselines;
+}
+
 // Grows the scratch (never under capture: warm up with an eager call first, as engines do
 // before capturing graphs) and refreshes the ones weight.
 Scratch ensure_scratch(CommState& st, int64_t cap, int64_t wq, int64_t wk, DType in,
                        cudaStream_t s) {
+  BaselineState& b = baselines_of(st);
   const DType out = output_dtype_for(in);
   const std::size_t is = dtype_size(in), os = dtype_size(out);
   const Scratch need = carve(nullptr, st.world, cap, wq, wk, is, os);
   const int64_t ones = (wq + wk) * st.world;
-  const bool fits = need.bytes <= st.scratch_bytes && st.ones_elems >= ones && st.ones_dtype == out;
-  if (!fits) {
-    SWIFTQK_EXPECTS(!stream_capturing(s),
-                    "method " + std::string("all_gather/comm_overlap/minimax_eager") +
-                        ": its scratch must be sized by an eager call of the same or larger shape "
-                        "before CUDA-graph capture");
-    if (need.bytes > st.scratch_bytes) {
-      // A graph captured earlier may still replay on the old scratch: it stays allocated until
-      // the communicator is released.
-      SWIFTQK_CUDA_TRY(cudaStreamSynchronize(s));
-      if (st.scratch != nullptr) st.retired_scratch.push_back(st.scratch);
-      st.scratch = nullptr;
-      SWIFTQK_CUDA_TRY(cudaMalloc(&st.scratch, need.bytes));
-      st.scratch_bytes = need.bytes;
-    }
-    Scratch sc = carve(static_cast<uint8_t*>(st.scratch), st.world, cap, wq, wk, is, os);
-    std::vector<uint8_t> host(ones * os);
-    for (int64_t i = 0; i < ones; ++i) ref::store_element(host.data(), out, i, 1.0);
+  const bool fresh = b.scratch.reserve(need.bytes, s, kBaselines);
+  if (fresh || b.ones_elems < ones || b.ones_dtype != out) {
+    expect_not_capturing(s, kBaselines);
+    const std::vector<uint8_t> host = ones_of(out, ones);
+    const Scratch sc =
+        carve(static_cast<uint8_t*>(b.scratch.data()), st.world, cap, wq, wk, is, os);
     SWIFTQK_CUDA_TRY(cudaMemcpy(sc.ones, host.data(), host.size(), cudaMemcpyHostToDevice));
-    st.ones_elems = ones;
-    st.ones_dtype = out;
+    b.ones_elems = ones;
+    b.ones_dtype = out;
   }
-  return carve(static_cast<uint8_t*>(st.scratch), st.world, cap, wq, wk, is, os);
+  return carve(static_cast<uint8_t*>(b.scratch.data()), st.world, cap, wq, wk, is, os);
 }
 
-void ensure_side_stream(CommState& st) {
-  if (st.side_stream != nullptr) return;
-  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&st.side_stream, cudaStreamNonBlocking));
-  st.side_events.resize(kOverlapChunks + 2);
-  for (auto& e : st.side_events) {
+void ensure_side_stream(BaselineState& b) {
+  if (b.side_stream != nullptr) return;
+  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&b.side_stream, cudaStreamNonBlocking));
+  b.side_events.resize(kOverlapChunks + 2);
+  for (auto& e : b.side_events) {
     SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
 }
 
 Communicator& solo_of(CommState& st) {
-  if (!st.solo) {
+  BaselineState& b = baselines_of(st);
+  if (!b.solo) {
     auto group = Communicator::create_local_group({st.device}, st.config);
-    st.solo = std::make_unique<Communicator>(std::move(group[0]));
+    b.solo = std::make_unique<Communicator>(std::move(group[0]));
   }
-  return *st.solo;
+  return *b.solo;
 }
 
 // All-gathers `tokens` rows of this rank's Q and K shards starting at `first` (two calls, as
@@ -209,34 +197,9 @@ void norm_chunk(CommState& st, const QkNormParams& p, const Scratch& sc, int64_t
   f.k = {full_k, sc.out_k + off_rows * hk * os, sc.ones + hq * os, hk, hk, hk, p.k.in_scale};
   f.rstd_out = reinterpret_cast<float*>(sc.stat + off_rows);
   launch_qk_norm(solo_of(st), f, s);
-  const RankArgs ra = rank_args_for(st, p, first);
-  const bool vec = vector_bytes_for(p) == 16;
-  const int grid = static_cast<int>(std::min<int64_t>(tokens, 4096));
-  with_type(p.in_dtype, [&](auto tag) {
-    apply_scale<decltype(tag)>(ra, tokens, wq, wk, vec, p.order, sc.stat + off_rows, true, 0.f, 0.f,
-                               p.eps, grid, s);
-  });
-  SWIFTQK_CUDA_TRY(cudaGetLastError());
-}
-
-void minimax_eager_chunk(CommState& st, const QkNormParams& p, const Scratch& sc, int64_t first,
-                         int64_t tokens, cudaStream_t s) {
-  const RankArgs ra = rank_args_for(st, p, first);
-  const bool vec = vector_bytes_for(p) == 16;
-  const int grid = static_cast<int>(std::min<int64_t>(tokens, 4096));
-  with_type(p.in_dtype, [&](auto tag) {
-    partial_sums<decltype(tag)>(ra, tokens, p.q.width, p.k.width, vec, sc.stat, grid, s);
-  });
-  SWIFTQK_CUDA_TRY(cudaGetLastError());
-  if (st.world > 1) {
-    SWIFTQK_NCCL_TRY(ncclAllReduce(sc.stat, sc.stat, 2 * tokens, ncclFloat, ncclSum, st.nccl, s));
-  }
-  with_type(p.in_dtype, [&](auto tag) {
-    apply_scale<decltype(tag)>(ra, tokens, p.q.width, p.k.width, vec, p.order, sc.stat, false,
-                               1.f / static_cast<float>(p.q_full_width),
-                               1.f / static_cast<float>(p.k_full_width), p.eps, grid, s);
-  });
-  SWIFTQK_CUDA_TRY(cudaGetLastError());
+  launch_apply_scale(p.in_dtype, rank_args_for(st, p, first), tokens, wq, wk,
+                     vector_bytes_for(p) == 16, p.order, sc.stat + off_rows, true, 0.f, 0.f, p.eps,
+                     s);
 }
 
 }  // namespace
@@ -248,34 +211,35 @@ void launch_nccl_baseline(Communicator& comm, const QkNormParams& p, cudaStream_
                       " needs a communicator made by Communicator::from_nccl (one GPU per "
                       "rank); this group of " +
                       std::to_string(st.world) + " has no NCCL");
+  // MiniMax eager's scheme is the library's own exchange without P2P.
+  if (p.method == Method::kMiniMaxEager) return launch_nccl_allreduce_fallback(comm, p, stream);
   DeviceGuard guard(st.device);
   const int64_t cap = st.config.token_capacity;
   const Scratch sc =
       ensure_scratch(st, std::min(cap, p.tokens), p.q.width, p.k.width, p.in_dtype, stream);
   for (int64_t first = 0; first < p.tokens; first += cap) {
     const int64_t tokens = std::min(cap, p.tokens - first);
-    if (p.method == Method::kMiniMaxEager) {
-      minimax_eager_chunk(st, p, sc, first, tokens, stream);
-    } else if (p.method == Method::kAllGather) {
+    if (p.method == Method::kAllGather) {
       gather_chunk(st, p, sc, first, tokens, 0, stream);
       norm_chunk(st, p, sc, first, tokens, 0, stream);
     } else {
       // Comm-Overlap: the side stream gathers chunk c+1 while this stream normalises chunk c.
-      ensure_side_stream(st);
+      BaselineState& b = baselines_of(st);
+      ensure_side_stream(b);
       const int64_t chunk = std::max<int64_t>(1, (tokens + kOverlapChunks - 1) / kOverlapChunks);
-      cudaEvent_t inputs_ready = st.side_events[kOverlapChunks];
+      cudaEvent_t inputs_ready = b.side_events[kOverlapChunks];
       SWIFTQK_CUDA_TRY(cudaEventRecord(inputs_ready, stream));
-      SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(st.side_stream, inputs_ready, 0));
+      SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(b.side_stream, inputs_ready, 0));
       int c = 0;
       for (int64_t off = 0; off < tokens; off += chunk, ++c) {
         const int64_t n = std::min(chunk, tokens - off);
-        gather_chunk(st, p, sc, first + off, n, off, st.side_stream);
-        SWIFTQK_CUDA_TRY(cudaEventRecord(st.side_events[c], st.side_stream));
+        gather_chunk(st, p, sc, first + off, n, off, b.side_stream);
+        SWIFTQK_CUDA_TRY(cudaEventRecord(b.side_events[c], b.side_stream));
       }
       c = 0;
       for (int64_t off = 0; off < tokens; off += chunk, ++c) {
         const int64_t n = std::min(chunk, tokens - off);
-        SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(stream, st.side_events[c], 0));
+        SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(stream, b.side_events[c], 0));
         norm_chunk(st, p, sc, first + off, n, off, stream);
       }
     }

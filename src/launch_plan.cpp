@@ -1,9 +1,7 @@
-#include "swiftqk/plan.hpp"
+// The launch policy (launch_plan.hpp).
+#include "launch_plan.hpp"
 
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "swiftqk/error.hpp"
@@ -13,21 +11,7 @@ namespace swiftqk {
 namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int round_up_32(int64_t v) { return static_cast<int>(ceil_div(v, 32) * 32); }
-}  // namespace
 
-int tuning_override(const char* name, int lo, int hi, const char* what) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || *e == '\0') return 0;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  const bool digits_only = std::isdigit(static_cast<unsigned char>(e[0])) && *end == '\0';
-  SWIFTQK_EXPECTS(digits_only && v >= lo && v <= hi, std::string(name) + "=" + e + " is not " +
-                                                         what + " from " + std::to_string(lo) +
-                                                         " to " + std::to_string(hi));
-  return static_cast<int>(v);
-}
-
-namespace {
 int pow2_at_least(int64_t v) {
   int p = 1;
   while (p < v) p <<= 1;
@@ -203,25 +187,139 @@ DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, 
   return d;
 }
 
-uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps, int order,
-                     int64_t tokens) {
-  // FNV-1a over the values every rank must agree on.
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xffu;
-      h *= 1099511628211ull;
+int launch_sm_budget(int sm_budget, int sm_count, int ranks, int ranks_on_device) {
+  if (ranks >= ranks_on_device) return sm_budget;
+  const int base = sm_budget == 0 ? sm_count : std::min(sm_budget, sm_count);
+  return std::max(1, base * ranks / ranks_on_device);
+}
+
+ChunkPlan LaunchPlan::chunk(int64_t i) const {
+  SWIFTQK_EXPECTS(i >= 0 && i < chunks, "LaunchPlan::chunk: chunk " + std::to_string(i) + " of " +
+                                            std::to_string(chunks));
+  if (i == chunks - 1) return last;
+  ChunkPlan c = full;
+  c.first_token = i * full.tokens;
+  return c;
+}
+
+namespace {
+
+// The slot order follows the chunk's token count, like the hash: every rank derives it from the
+// hashed values alone. The block order is the tuned one unless the tuning names one, and a launch
+// of one rank has one order.
+ChunkOrders orders_of(const LaunchRequest& r, int64_t chunk_tokens) {
+  ChunkOrders o;
+  if (r.deterministic) return o;  // token-major slots, rank-major blocks: its only orders
+  o.slots = choose_slot_layout(r.world, r.q_full_width, r.k_full_width, chunk_tokens);
+  o.blocks = choose_block_order(r.ranks, chunk_tokens);
+  if (r.ranks > 1 && r.tuning.block_order != LaunchTuning::BlockOrder::kTuned) {
+    o.blocks = r.tuning.block_order == LaunchTuning::BlockOrder::kRankMajor
+                   ? BlockOrder::kRankMajor
+                   : BlockOrder::kInterleaved;
+  }
+  return o;
+}
+
+// A layout the policy weighs, with the footprint of the kernels the chunks would run.
+struct Layout {
+  KernelShape shape;
+  PipelineDepth depth;
+  KernelFootprint footprint;
+};
+
+}  // namespace
+
+LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint_of) {
+  SWIFTQK_EXPECTS(r.world >= 1 && r.ranks >= 1 && r.ranks <= r.world,
+                  "make_launch_plan: ranks must be in [1, world]");
+  SWIFTQK_EXPECTS(r.tokens >= 1, "make_launch_plan: tokens must be >= 1");
+  SWIFTQK_EXPECTS(r.q_full_width % r.world == 0 && r.k_full_width % r.world == 0,
+                  "make_launch_plan: the full widths must split over the world");
+  SWIFTQK_EXPECTS(r.token_capacity >= 1 && r.sm_count >= 1 && r.ranks_on_device >= 1,
+                  "make_launch_plan: token_capacity, sm_count and ranks_on_device must be >= 1");
+  r.tuning.validate();
+  const LaunchTuning& t = r.tuning;
+  SWIFTQK_EXPECTS(!r.deterministic || t.vectors_per_thread == 0,
+                  "make_launch_plan: the deterministic mode fixes the vectors per thread "
+                  "(LaunchTuning::vectors_per_thread must stay 0)");
+  SWIFTQK_EXPECTS(!r.deterministic || r.vec_elems > 1,
+                  "make_launch_plan: the deterministic mode needs rows of 16-byte vectors "
+                  "(16-byte aligned pointers, strides and widths in whole vectors)");
+  const int64_t qw = r.q_full_width / r.world, kw = r.k_full_width / r.world;
+  const int sms = r.sm_count;
+  const int budget = launch_sm_budget(r.sm_budget, sms, r.ranks, r.ranks_on_device);
+  const int block_target = t.block_threads != 0 ? t.block_threads
+                           : r.world == 1       ? kDefaultBlockThreadsAlone
+                                                : kDefaultBlockThreads;
+  // Every chunk but the last covers per_launch tokens: the first one's count picks the ring.
+  const int64_t per_launch = std::min(r.token_capacity, kMaxLaunchTokens);
+  const int64_t launch_tokens = std::min(per_launch, r.tokens);
+  const int64_t last_tokens = r.tokens - (r.tokens - 1) / per_launch * per_launch;
+  const ChunkOrders used[2] = {orders_of(r, launch_tokens), orders_of(r, last_tokens)};
+
+  // The grid must fit the residency of each kernel the chunks take (usually one).
+  auto layout_of = [&](const PipelineDepth& depth, const KernelShape& shape) {
+    Layout l{shape, depth, footprint_of(KernelCandidate{shape, depth, used[0]})};
+    if (used[1] != used[0]) {
+      l.footprint.blocks_per_sm =
+          std::min(l.footprint.blocks_per_sm,
+                   footprint_of(KernelCandidate{shape, depth, used[1]}).blocks_per_sm);
     }
+    return l;
   };
-  uint32_t eps_bits;
-  std::memcpy(&eps_bits, &eps, sizeof eps_bits);
-  mix(static_cast<uint64_t>(q_full_width));
-  mix(static_cast<uint64_t>(k_full_width));
-  mix(static_cast<uint64_t>(world));
-  mix(eps_bits);
-  mix(static_cast<uint64_t>(order));
-  mix(static_cast<uint64_t>(tokens));
-  return static_cast<uint32_t>(h ^ (h >> 32)) | 0x80000000u;
+  // Short rows go several to a warp when the GPU is full anyway (the unpacked grid of the first
+  // launch is capped by residency); with fewer rows, one row a warp spreads them over more SMs.
+  // The packed blocks hold more rows, so fewer fit an SM: under a small SM budget every rank
+  // must still get one.
+  const DeterministicShape det =
+      r.deterministic ? deterministic_kernel_shape(qw, kw, r.vec_elems, r.world, block_target)
+                      : DeterministicShape{};
+  auto layout_for = [&](const PipelineDepth& depth) {
+    if (r.deterministic) return layout_of(depth, det.shape);
+    Layout lay = layout_of(depth, choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world,
+                                                      t.vectors_per_thread));
+    const KernelShape packed = packed_kernel_shape(qw, kw, r.vec_elems, block_target, r.world);
+    if (t.vectors_per_thread == 0 && packed.vectors_per_thread > 0 &&
+        grid_is_full(launch_tokens, r.ranks, lay.shape.tokens_per_block,
+                     lay.footprint.blocks_per_sm, sms, budget)) {
+      const Layout p = layout_of(depth, packed);
+      if (resident_blocks(p.footprint.blocks_per_sm, sms, budget) >= r.ranks) lay = p;
+    }
+    return lay;
+  };
+  const bool tuned_depth = t.stages != 0 || t.defer != 0;
+  // Up to kFewTokensMax tokens at TP 4-8, 3 stages with D = 1 (docs/design.md, "Launch shape").
+  const PipelineDepth few =
+      tuned_depth ? PipelineDepth{0, 0} : few_token_pipeline_depth(r.world, launch_tokens);
+  Layout lay =
+      layout_for(few.stages != 0 ? few : choose_pipeline_depth(r.world, t.stages, t.defer));
+  // Otherwise, few tokens at TP >= 8: a shallower ring that fits more groups on the GPU can be
+  // worth more than the row loading ahead (docs/design.md, "Launch shape").
+  const PipelineDepth shallow = shallow_pipeline_depth(r.world, launch_tokens);
+  if (!tuned_depth && few.stages == 0 && shallow.stages != 0) {
+    const Layout s = layout_for(shallow);
+    auto resident_groups = [&](const Layout& l) {
+      return resident_blocks(l.footprint.blocks_per_sm, sms, budget) * l.shape.tokens_per_block;
+    };
+    if (take_shallow_pipeline(launch_tokens, resident_groups(lay), resident_groups(s))) lay = s;
+  }
+
+  LaunchPlan plan;
+  plan.shape = lay.shape;
+  plan.depth = lay.depth;
+  plan.smem_bytes = lay.footprint.smem_bytes;
+  plan.blocks_per_sm = lay.footprint.blocks_per_sm;
+  plan.sm_budget = budget;
+  plan.det_q_slots = det.q_slots;
+  plan.chunks = ceil_div(r.tokens, per_launch);
+  auto chunk_of = [&](int64_t first, int64_t tokens, const ChunkOrders& orders) {
+    return ChunkPlan{
+        first, tokens, orders,
+        plan_grid(tokens, r.ranks, plan.shape.tokens_per_block, plan.blocks_per_sm, sms, budget)};
+  };
+  plan.full = chunk_of(0, launch_tokens, used[0]);
+  plan.last = chunk_of((plan.chunks - 1) * per_launch, last_tokens, used[1]);
+  return plan;
 }
 
 }  // namespace swiftqk

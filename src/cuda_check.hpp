@@ -1,5 +1,6 @@
-// Checks for every CUDA runtime and NCCL call. Kept apart from error.hpp so CPU-only code
-// (the reference, planning, validation) builds without CUDA headers.
+// Checks for every CUDA runtime and NCCL call the library, its tests and the benchmark make
+// (internal: a user checks the user's own calls). Kept apart from error.hpp so CPU-only code
+// (planning, validation, the reference) builds without CUDA headers.
 #pragma once
 
 #include <cuda_runtime_api.h>

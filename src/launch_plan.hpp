@@ -1,0 +1,277 @@
+// The launch policy: how a call is cut into launches and how each is shaped (thread layout,
+// pipeline depth, block and slot order, persistent grid), tuned on one H200 and overridable by
+// LaunchTuning. Pure host arithmetic, no CUDA calls: the launcher (src/launch.cu) answers the
+// one question that needs the GPU, a kernel's residency, through a callback, so CI tests the
+// whole policy without a GPU (tests/cpu/test_launch_plan.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "protocol.hpp"
+#include "swiftqk/launch_tuning.hpp"
+
+namespace swiftqk {
+
+/// @brief How one token row (Q shard then K shard) of one rank is spread over threads.
+struct KernelShape {
+  int vec_elems = 1;           ///< elements per vector access; 1 selects the scalar path
+  int vectors_per_thread = 1;  ///< staged vectors per thread (1, 2, 4, 8); 0 = streaming
+  /// Threads normalising one token of one rank: whole warps, or (staged rows only) 8 or 16
+  /// lanes, so that one warp normalises 4 or 2 tokens at once (kMinGroupThreads).
+  int group_threads = 32;
+  int tokens_per_block = 1;  ///< groups per block
+  int block_threads() const { return group_threads * tokens_per_block; }
+};
+
+/// Rows of more 16-byte vectors than this (16384 bf16 elements of Q+K) are streamed in two
+/// passes (the second hits L2) instead of being staged: four stages of a 32 KB row fill 128 KB
+/// of shared memory. The scalar path (vec_elems 1) always streams.
+constexpr int64_t kMaxStagedVectors = 2048;
+
+/// @brief The pipeline of a token group: rows staged and, with peers, the deferral depth D (the
+/// group writes token i - D while it reduces token i, so a peer up to D tokens behind costs no
+/// wait). stages - 1 - defer rows load ahead.
+struct PipelineDepth {
+  int stages = 2;
+  int defer = 0;
+};
+
+/// Tokens per launch up to which TP 8 and more may take the shallow pipeline (3 stages, D = 2;
+/// shallow_pipeline_depth), and up to which any gain in resident token groups justifies it
+/// (take_shallow_pipeline).
+constexpr int64_t kShallowMaxTokens = 4096;
+constexpr int64_t kShallowAnyGainTokens = 2048;
+
+/// @brief Alone: 2 stages, no deferral. With peers: D = log2(world) (at most kMaxStages - 2) and
+/// one row loading ahead, so stages = D + 2. A deeper D pays off as the group grows (the
+/// slowest of more peers lags further) and costs nothing at TP 2; alone, 2 stages are the
+/// fastest of 2-5 (one H200, 4096 tokens; CHANGELOG.md, 9127d35). forced_stages and
+/// forced_defer (LaunchTuning::stages and defer; 0 = not forced) override them; the depth is
+/// then cut to stages - 1.
+PipelineDepth choose_pipeline_depth(int world, int forced_stages = 0, int forced_defer = 0);
+
+/// @brief The shallower pipeline a launch of `tokens` tokens may take instead of
+/// choose_pipeline_depth's: at TP 8 and more, up to kShallowMaxTokens, 3 stages and D = 2, or
+/// {0, 0} when none applies. take_shallow_pipeline decides. Where few_token_pipeline_depth
+/// applies (TP 8 up to kFewTokensMax tokens) the launch takes that one instead.
+PipelineDepth shallow_pipeline_depth(int world, int64_t tokens);
+
+/// Tokens per launch up to which TP 4 to kFewTokensMaxWorld run 3 stages with D = 1
+/// (few_token_pipeline_depth), in place of choose_pipeline_depth's and the shallow pipeline.
+constexpr int64_t kFewTokensMax = 2048;
+constexpr int kFewTokensMaxWorld = 8;
+
+/// @brief The pipeline a launch of `tokens` tokens takes at 4 <= world <= kFewTokensMaxWorld up
+/// to kFewTokensMax tokens: 3 stages and D = 1 (one row loading ahead, one deferred), as at TP 2;
+/// {0, 0} when none applies. With a few tokens per group a deep deferral is mostly the ring's fill
+/// and drain, and the smaller ring fits more groups where registers do not cap them. With
+/// virtual ranks on one H200 it is faster at TP 4 and 8 between 512 and 2048 tokens for nearly
+/// every model and level below; past 2048 tokens at TP 8, past 4096 at TP 4 and from 1536 at
+/// TP 16 the deeper pipelines win (CHANGELOG.md, 925dafa). Not measured across GPUs
+/// (docs/design.md, "Limits").
+PipelineDepth few_token_pipeline_depth(int world, int64_t tokens);
+
+/// @brief Whether a launch of `tokens` tokens takes the shallow pipeline, given the token groups
+/// resident on the GPU with the default ring and with the shallow one. The smaller ring pays off
+/// when few tokens per group leave the row loading ahead little to hide: at virtual TP 8 on one
+/// H200, 3 stages are faster at 2048 tokens wherever they fit more groups, and at 4096 only
+/// where they double them (OLMoE, OLMo2-7B); where registers cap residency (OLMo2-13B) they
+/// gain nothing and lose the row ahead; at 8192 tokens they lose everywhere (CHANGELOG.md,
+/// 91a1d19). Measured with virtual ranks (8 ranks share the GPU's groups). Across 8 GPUs each
+/// GPU serves one rank, so at these token counts a group runs about one token either way; not
+/// measured there (docs/design.md, "Limits").
+bool take_shallow_pipeline(int64_t tokens, int64_t default_groups, int64_t shallow_groups);
+
+/// Tokens one kernel launch covers at most: longer calls are split into launches of this many
+/// (like workspace chunks), so the kernel indexes tokens and vectors with 32-bit integers.
+constexpr int64_t kMaxLaunchTokens = int64_t{1} << 30;
+
+/// Token groups of whole warps a block may hold: each such group synchronises on its own hardware
+/// barrier (1..15; barrier 0 is the whole block's). Groups of a warp or less need no barrier.
+constexpr int kMaxGroupsPerBlock = 15;
+
+/// Smallest token group: a group narrower than a warp exchanges its partials with one lane per
+/// rank, so it has at least max(kMinGroupThreads, world) lanes (a power of two up to 32).
+constexpr int kMinGroupThreads = 8;
+constexpr int kMaxVectorsPerThread = 8;
+
+/// @brief The kernel shape of the deterministic mode for local widths q_width, k_width (elements)
+/// of vec_elems-element vectors at TP `world` (a power of two dividing kCanonicalSegments): one
+/// warp per local segment, so group_threads = 32 * 16 / world; q_slots staged vectors of Q per
+/// thread (then as many of K as a segment of K needs); vectors_per_thread 0 (streamed) when a
+/// thread would stage more than kMaxVectorsPerThread or the row is too wide to stage.
+/// tokens_per_block fills block_threads. Throws naming the TP degree or the widths that allow
+/// no canonical segments.
+struct DeterministicShape {
+  KernelShape shape;
+  int q_slots = 0;
+};
+DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
+                                              int world, int block_threads);
+
+/// Shared memory the staged rows of one block may fill at the deepest ring (kMaxStages), so
+/// every stage depth fits the 227 KB a block may use, weights included.
+constexpr int64_t kMaxStagedRingBytes = 200 * 1024;
+
+/// Threads a block aims at: groups are added while the block stays within this many threads.
+/// 256 with peers; alone, 384 (on one H200 at 4096 tokens, 3 OLMoE or 2 OLMo3-32B groups per
+/// block are faster than 2 and 1; the other shapes keep one group either way; CHANGELOG.md,
+/// e12d48e). LaunchTuning::block_threads overrides both.
+constexpr int kDefaultBlockThreads = 256;
+constexpr int kDefaultBlockThreadsAlone = 384;
+
+/// @brief Picks the thread layout for local widths q_width/k_width moved vec_elems at a time;
+/// a block holds as many token groups as fit block_threads (at least one; at most
+/// kMaxGroupsPerBlock groups of whole warps, and no more than kMaxStagedRingBytes of rows).
+/// @param world ranks of the group: with peers, short rows are packed several to a warp.
+/// @param forced_vpt 0, or vectors per thread (1, 2, 4 or 8) to force on staged rows
+/// (LaunchTuning::vectors_per_thread); the group is then the fewest lanes that hold the row.
+KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
+                                int block_threads = kDefaultBlockThreads, int world = 1,
+                                int forced_vpt = 0);
+
+/// Rows of at most this many 16-byte vectors (1 KB of bf16: OLMoE at TP 8) may be packed two or
+/// more to a warp, 4 vectors a thread (packed_kernel_shape).
+constexpr int64_t kMaxPackedVectors = 64;
+static_assert(kSourceMajorMaxRowElements == kMaxPackedVectors * 8,
+              "source-major slots serve the packed rows of 2-byte types (protocol.hpp)");
+
+/// @brief With peers, the layout that packs short rows several to a warp (4 vectors a thread,
+/// groups of 16 or 8 lanes, at least one lane per rank), or vectors_per_thread 0 when it does not
+/// apply (alone, rows over kMaxPackedVectors, or the scalar path). It pays off only when the GPU is
+/// full: it is faster for OLMoE at virtual TP 8 and 4096 tokens, and slower at 64 tokens, where
+/// the unpacked grid leaves SMs idle (one H200; CHANGELOG.md, 7a09ebe). The launch takes it when
+/// the unpacked grid is capped by residency.
+KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems, int block_threads,
+                                int world);
+
+/// @brief The persistent grid of one launch.
+struct GridPlan {
+  int ranks = 1;            ///< ranks served by this launch (virtual ranks share one launch)
+  int blocks_per_rank = 0;  ///< blocks serving each rank (their order: BlockOrder)
+  int grid() const { return ranks * blocks_per_rank; }
+};
+
+/// Tokens per launch from which virtual ranks' blocks are interleaved (choose_block_order).
+constexpr int64_t kInterleaveMinTokens = 2048;
+
+/// @brief The block order of a launch: interleaved from kInterleaveMinTokens tokens a launch
+/// when it serves more than one rank. On one H200 (virtual TP 2-16) interleaving is as fast or
+/// faster from 2048 tokens, by up to 23 us at 16384, but for OLMoE at TP 8 with 2048-4096 tokens
+/// (a shape only virtual ranks have), and mixed below 2048 (CHANGELOG.md, 39af1e8).
+constexpr BlockOrder choose_block_order(int ranks, int64_t tokens) {
+  return ranks > 1 && tokens >= kInterleaveMinTokens ? BlockOrder::kInterleaved
+                                                     : BlockOrder::kRankMajor;
+}
+
+/// @brief Blocks resident at once: max_blocks_per_sm on each of min(sm_count, sm_budget) SMs
+/// (sm_budget 0 = all).
+int64_t resident_blocks(int max_blocks_per_sm, int sm_count, int sm_budget);
+
+/// @brief Bounds the grid by what can be resident at once so that spinning blocks never wait on
+/// a block that is not running: at most max_blocks_per_sm x min(sm_count, sm_budget) blocks.
+/// @param sm_budget SMs this launch may occupy; 0 means all. Throws if even one block per rank
+/// cannot be resident.
+GridPlan plan_grid(int64_t tokens, int ranks, int tokens_per_block, int max_blocks_per_sm,
+                   int sm_count, int sm_budget);
+
+/// @brief Whether plan_grid caps this launch by residency (fewer blocks than one per
+/// tokens_per_block tokens): the GPU is then full, and a layout that moves more rows per warp
+/// (packed_kernel_shape) pays off, if that layout still gives every rank a resident block.
+bool grid_is_full(int64_t tokens, int ranks, int tokens_per_block, int max_blocks_per_sm,
+                  int sm_count, int sm_budget);
+
+/// @brief The SMs a launch may fill: the communicator's budget (0 = all), or, for a launch that
+/// serves `ranks` of the `ranks_on_device` ranks a local group has on this GPU (each launched on
+/// its own stream), that share of the budget (of all SMs when it is 0), at least one, so that
+/// the launches of all of them are resident together.
+int launch_sm_budget(int sm_budget, int sm_count, int ranks, int ranks_on_device);
+
+// ---------------------------------------------------------------- the plan of one call
+
+/// @brief What the policy reads of a call; the same for every rank the launch serves.
+struct LaunchRequest {
+  int world = 1;             ///< ranks of the group
+  int ranks = 1;             ///< ranks this launch serves (virtual ranks of one GPU share one)
+  int64_t tokens = 1;        ///< tokens of the call, at least one
+  int64_t q_full_width = 0;  ///< Hq and Hk over all ranks
+  int64_t k_full_width = 0;
+  /// Elements a 16-byte vector holds when every rank's rows allow 16-byte accesses, else 1
+  /// (the scalar path, always streamed).
+  int vec_elems = 1;
+  int64_t token_capacity = 1;  ///< CommConfig::token_capacity: tokens one launch exchanges
+  int sm_count = 1;            ///< SMs of the GPU
+  int sm_budget = 0;           ///< CommConfig::sm_budget (0 = all SMs)
+  int ranks_on_device = 1;     ///< ranks of the group this process drives on this GPU
+  LaunchTuning tuning;
+  bool deterministic = false;  ///< QkNormParams::deterministic: deterministic_kernel_shape
+};
+
+/// @brief The orders that, besides the thread layout, pick a chunk's kernel instantiation (both
+/// are template parameters of the kernel).
+struct ChunkOrders {
+  SlotLayout slots = SlotLayout::kTokenMajor;
+  BlockOrder blocks = BlockOrder::kRankMajor;
+  bool operator==(const ChunkOrders& o) const { return slots == o.slots && blocks == o.blocks; }
+  bool operator!=(const ChunkOrders& o) const { return !(*this == o); }
+};
+
+/// @brief A kernel the policy weighs: its thread layout, its ring and the orders of a chunk.
+struct KernelCandidate {
+  KernelShape shape;
+  PipelineDepth depth;
+  ChunkOrders orders;
+};
+
+/// @brief What the launcher answers for a candidate: the dynamic shared memory its kernel needs
+/// (the same for both orders) and how many of its blocks one SM holds at once (the launcher asks
+/// cudaOccupancyMaxActiveBlocksPerMultiprocessor; the CPU tests model it).
+struct KernelFootprint {
+  std::size_t smem_bytes = 0;
+  int blocks_per_sm = 0;
+};
+using FootprintOf = std::function<KernelFootprint(const KernelCandidate&)>;
+
+/// @brief One kernel launch of a call: tokens [first_token, first_token + tokens).
+struct ChunkPlan {
+  int64_t first_token = 0;
+  int64_t tokens = 0;
+  ChunkOrders orders;
+  GridPlan grid;
+};
+
+/// @brief How a call runs: one thread layout and ring for all its launches, the chunks of at
+/// most min(token_capacity, kMaxLaunchTokens) tokens each.
+struct LaunchPlan {
+  KernelShape shape;
+  PipelineDepth depth;
+  std::size_t smem_bytes = 0;  ///< dynamic shared memory of every launch
+  int det_q_slots = 0;         ///< deterministic mode: DeterministicShape::q_slots
+  /// Blocks an SM holds of each kernel the chunks run (the smaller, when they run two)
+  int blocks_per_sm = 0;
+  int sm_budget = 0;   ///< what launch_sm_budget gave
+  int64_t chunks = 0;  ///< launches
+  ChunkPlan full;      ///< every chunk but the last (first_token 0)
+  ChunkPlan last;      ///< the last (the only one when chunks is 1)
+  /// @brief Chunk i, 0 <= i < chunks. All chunks but the last have the same length, so the
+  /// call runs at most two instantiations, and the residency counts both.
+  ChunkPlan chunk(int64_t i) const;
+};
+
+/// @brief The tuned policy, with what r.tuning overrides (docs/design.md, "Launch shape"):
+/// - the thread layout: choose_kernel_shape at the block size the world aims at; with peers,
+///   short rows packed several to a warp (packed_kernel_shape) when the unpacked grid of the
+///   first chunk is capped by residency and the packed one still gives every rank a block;
+/// - the ring: up to kFewTokensMax tokens a launch at TP 4-8 few_token_pipeline_depth; else
+///   choose_pipeline_depth, or at TP 8+ up to kShallowMaxTokens the shallow pipeline where
+///   take_shallow_pipeline says it fits enough more token groups; a tuned stage or deferral
+///   depth turns both exceptions off, a tuned vector count the packing;
+/// - per chunk, the slot order (choose_slot_layout, from hashed values only) and the block order
+///   (choose_block_order), and the resident grid (plan_grid, within launch_sm_budget).
+/// footprint_of is asked for each layout it weighs, for each order the chunks take. Throws
+/// swiftqk::Error on a bad request or tuning, or when no block a rank can be resident.
+LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint_of);
+
+}  // namespace swiftqk

@@ -1,0 +1,34 @@
+// The exchange of a group without P2P: each rank's fp32 partial sums of squares, one
+// ncclAllReduce, and the scale applied by a second kernel (kMiniMaxEager's scheme). Launches of
+// the fused methods take it when from_nccl found no working P2P; the MiniMax-eager baseline runs
+// it as its method.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/launch_args.hpp"
+#include "swiftqk/communicator.hpp"
+
+namespace swiftqk::detail {
+
+/// @brief Normalises one rank's rows of p through the NCCL all-reduce, in chunks of the
+/// communicator's token capacity; its scratch ([capacity] fp32 pairs) grows outside capture
+/// only. p is validated and the caller holds the launch lock.
+void launch_nccl_allreduce_fallback(Communicator& comm, const QkNormParams& p, cudaStream_t stream);
+
+/// @brief Writes each of `tokens` rows' (q, k) fp32 sums of squares of one rank's shards into
+/// sums[tokens]; `vec`: 16-byte accesses (vector_bytes_for).
+void launch_partial_sums(DType in, const RankArgs& ra, int64_t tokens, int64_t q_width,
+                         int64_t k_width, bool vec, float2* sums, cudaStream_t s);
+
+/// @brief Scales the rows and writes the outputs: with `is_rstd`, stat holds each row's (q, k)
+/// 1/rms; else the full rows' sums of squares, turned into 1/rms with q_inv_full, k_inv_full
+/// (1 / full width) and eps, with the fused kernel's rsqrtf.
+void launch_apply_scale(DType in, const RankArgs& ra, int64_t tokens, int64_t q_width,
+                        int64_t k_width, bool vec, NormOrder order, const float2* stat,
+                        bool is_rstd, float q_inv_full, float k_inv_full, float eps,
+                        cudaStream_t s);
+
+}  // namespace swiftqk::detail

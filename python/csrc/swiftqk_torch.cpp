@@ -100,8 +100,7 @@ swiftqk::ShardView shard_of(const char* name, const at::Tensor& in, const at::Te
 void qk_norm_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
                   const at::Tensor& k_weight, at::Tensor& q_out, at::Tensor& k_out, int64_t comm,
                   int64_t q_full_width, int64_t k_full_width, double eps, int64_t order,
-                  int64_t method, double q_scale, double k_scale, bool pdl,
-                  bool deterministic) {
+                  int64_t method, double q_scale, double k_scale, bool pdl, bool deterministic) {
   swiftqk::Communicator& c = communicator_of(comm);
   TORCH_CHECK(q.size(0) == k.size(0), "swiftqk.qk_norm: q has ", q.size(0), " tokens, k ",
               k.size(0));

@@ -7,8 +7,8 @@
 #include <limits>
 #include <string>
 
-#include "swiftqk/error.hpp"
 #include "protocol.hpp"
+#include "swiftqk/error.hpp"
 
 namespace swiftqk {
 namespace ref {

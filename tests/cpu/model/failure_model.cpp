@@ -6,8 +6,8 @@
 #include <sstream>
 #include <utility>
 
-#include "swiftqk/error.hpp"
 #include "protocol.hpp"
+#include "swiftqk/error.hpp"
 
 namespace swiftqk::model::failure {
 namespace {

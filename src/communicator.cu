@@ -345,12 +345,16 @@ DeviceFailure Communicator::failure() const {
   f.token = h->token;
   f.expected_tag = h->expected_tag;
   f.seen_tag = h->seen_tag;
+  f.value = h->value;
+  f.limit = h->limit;
   return f;
 }
 
 void Communicator::check_error() const {
   const DeviceFailure f = failure();
-  if (f.code != 0) SWIFTQK_FAIL("SwiftQK exchange failed: " + f.describe());
+  if (f.code == 0) return;
+  SWIFTQK_FAIL((f.code >= 4 ? "SwiftQK epilogue found bad input: " : "SwiftQK exchange failed: ") +
+               f.describe());
 }
 
 void Communicator::synchronize(cudaStream_t stream) const {

@@ -10,7 +10,8 @@ namespace swiftqk {
 /// @brief What a failed device-side wait recorded (copied from host-mapped memory, no sync).
 struct DeviceFailure {
   /// 0 none; 1 a wait timed out; 2 a second kernel of the communicator ran at the same time;
-  /// 3 a peer recorded a failure (peer names it)
+  /// 3 a peer recorded a failure (peer names it); 4 an epilogue token's position was outside
+  /// [0, max_position); 5 an epilogue token's KV-cache slot was outside [0, slots) and not -1
   uint32_t code = 0;
   int32_t rank = -1;          ///< rank that recorded it
   int32_t peer = -1;          ///< code 1: rank whose partial never arrived; code 3: the failed peer
@@ -20,6 +21,10 @@ struct DeviceFailure {
   /// workspace was zeroed or scrubbed, the expected tag if only the k word (which also carries
   /// the configuration hash) disagreed, else the tag of an earlier call.
   uint32_t seen_tag = 0;
+  /// Codes 4 and 5: the position or slot the token carried; `limit` the bound it broke
+  /// (max_position, or num_blocks * block_size).
+  int64_t value = 0;
+  int64_t limit = 0;
   /// @brief One sentence naming the ranks and token, and what the slot's contents say happened.
   std::string describe() const;
 };

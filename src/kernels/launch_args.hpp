@@ -22,6 +22,8 @@ struct FailureRecord {
   int64_t token;
   uint32_t seen_tag;
   uint32_t pad;
+  int64_t value;  // kFailBadPosition, kFailBadSlot: what the token carried
+  int64_t limit;  // and the bound it broke
 };
 
 /// Why a rank stopped (FailureRecord::code, DeviceFailure::code).
@@ -30,6 +32,10 @@ enum FailureCode : uint32_t {
   kFailTimeout = 1,     // a wait for a peer's partials expired
   kFailConcurrent = 2,  // a second kernel of this communicator ran at the same time
   kFailPeer = 3,        // a peer recorded a failure (the group's fault word named it)
+  // Bad data the epilogue kernel found (the token's writes are skipped; the group stays healthy,
+  // since every rank holds the same positions and slots and finds the same):
+  kFailBadPosition = 4,  // a position outside [0, max_position)
+  kFailBadSlot = 5,      // a KV-cache slot outside [0, num_blocks * block_size), not -1
 };
 
 /// Device-resident per-rank counters. With peers every block reads `call` at entry and claims

@@ -156,6 +156,9 @@ uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, floa
 /// XORed into config_hash by ranks in the deterministic mode (bit 31 clear: the hash keeps it
 /// set), so a rank in the mode never lends its partials to one that is not.
 constexpr uint32_t kDeterministicHashSalt = 0x2c9e4a75u;
+/// XORed into config_hash by the fused QK epilogue (bit 31 clear), so an epilogue call never
+/// takes a plain norm call's partials, nor lends it its own.
+constexpr uint32_t kEpilogueHashSalt = 0x51a7e0c3u;
 
 /// The deterministic mode's canonical order: each full row of Q and of K is split into
 /// kCanonicalSegments equal segments; a segment's 16-byte vectors go to kCanonicalLanes lanes

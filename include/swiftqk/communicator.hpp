@@ -11,6 +11,7 @@
 
 #include "swiftqk/comm_config.hpp"
 #include "swiftqk/device_failure.hpp"
+#include "swiftqk/qk_epilogue_params.hpp"
 #include "swiftqk/qk_norm_params.hpp"
 
 typedef struct ncclComm* ncclComm_t;
@@ -134,5 +135,20 @@ void launch_qk_norm(Communicator& comm, const QkNormParams& p, cudaStream_t stre
 /// params[i]. The ranks must all be on `stream`'s device.
 void launch_qk_norm_group(const std::vector<Communicator*>& comms,
                           const std::vector<QkNormParams>& params, cudaStream_t stream);
+
+/// @brief The fused QK epilogue on `stream`: QK-norm, RoPE, and the writes of Q, and of K and V
+/// into the paged KV cache, in one launch (QkEpilogueParams says what each step does and where
+/// it rounds). Layerwise, every rank of the group makes the same sequence of calls (plain norm
+/// and epilogue calls share the call counter) with the same tokens and heads, as for
+/// launch_qk_norm, and the group needs P2P; headwise exchanges nothing. Validates p first
+/// (throws, writes nothing). A position or slot out of range is caught on the device: the
+/// token's writes are skipped, and the next launch or check_error() throws naming the token and
+/// the value (until reset()). Works under CUDA-graph capture.
+void launch_qk_epilogue(Communicator& comm, const QkEpilogueParams& p, cudaStream_t stream);
+
+/// @brief The epilogue for several virtual ranks sharing one GPU, in one launch: comms[i] with
+/// params[i], all on `stream`'s device.
+void launch_qk_epilogue_group(const std::vector<Communicator*>& comms,
+                              const std::vector<QkEpilogueParams>& params, cudaStream_t stream);
 
 }  // namespace swiftqk

@@ -7,5 +7,6 @@
 #include "swiftqk/device_failure.hpp"
 #include "swiftqk/error.hpp"
 #include "swiftqk/launch_tuning.hpp"
+#include "swiftqk/qk_epilogue_params.hpp"
 #include "swiftqk/qk_norm_params.hpp"
 #include "swiftqk/types.hpp"

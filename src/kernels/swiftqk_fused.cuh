@@ -158,16 +158,17 @@ constexpr int kSlotWords = static_cast<int>(kSlotBytes / sizeof(uint64_t));
 
 /// The slot order L is a template parameter (one instantiation per order), so the token-major
 /// kernel computes these as it did before the order existed.
-template <SlotLayout L>
-__device__ __forceinline__ std::size_t slot_base(const LaunchArgs& a, int bank, int src) {
+/// Args is LaunchArgs or EpilogueArgs (the exchange reads world, capacity and timeout_ns).
+template <SlotLayout L, class Args>
+__device__ __forceinline__ std::size_t slot_base(const Args& a, int bank, int src) {
   return slot_offset(a.world, a.capacity, bank, 0, src, L);
 }
-template <SlotLayout L>
-__device__ __forceinline__ int slot_token_words(const LaunchArgs& a) {
+template <SlotLayout L, class Args>
+__device__ __forceinline__ int slot_token_words(const Args& a) {
   return (L == SlotLayout::kTokenMajor ? a.world : 1) * kSlotWords;
 }
-template <SlotLayout L>
-__device__ inline ExchangeLane exchange_lane(const LaunchArgs& a, const RankArgs& ra, int bank,
+template <SlotLayout L, class Args>
+__device__ inline ExchangeLane exchange_lane(const Args& a, const RankArgs& ra, int bank,
                                              int sl, uint8_t* peer_ws) {
   ExchangeLane e;
   if (sl < a.world) {
@@ -194,7 +195,8 @@ __device__ __forceinline__ void publish_partials(const ExchangeLane& e, int toke
 /// values in the same tree; lane 0's total then goes to the group's other lanes. A warp may hold
 /// several groups (W lanes each), one of which may have no token to collect (want false).
 /// Returns false, in every lane, if the wait failed (recorded for the host).
-__device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra,
+template <class Args>
+__device__ inline bool collect_partials(const Args& a, const RankArgs& ra,
                                         const ExchangeLane& e, int token_words, int world_pow2,
                                         int t, uint32_t tag, uint32_t ktag, float& q, float& k,
                                         bool want, int sl, int W, FailNote* note) {
@@ -252,8 +254,8 @@ __device__ inline bool collect_partials(const LaunchArgs& a, const RankArgs& ra,
 /// writes this bank again before this rank has published the next call, after this kernel (the
 /// reuse argument in docs/design.md). All G lanes share the stores. Twice per kScrubPeriod calls,
 /// so written for brevity, not speed.
-template <SlotLayout L>
-__device__ inline void scrub_own_slots(const LaunchArgs& a, const RankArgs& ra, int bank,
+template <SlotLayout L, class Args>
+__device__ inline void scrub_own_slots(const Args& a, const RankArgs& ra, int bank,
                                        int first_token, int step, int gt, int G) {
   const int64_t tokens =
       first_token < a.capacity ? (a.capacity - first_token + step - 1) / step : 0;
@@ -370,6 +372,69 @@ enum BlockEntry : int {
   kEntryDead = 1,      // owner, but the rank or a peer has failed: poison, account, exit
   kEntryNotOwner = 2,  // another kernel of this communicator is running: poison, exit
 };
+
+/// Thread 0 of each block with peers, after the block's first copies are issued: reads the fault
+/// word, checks the rank's claim (block 0 made it at entry: claim_seen is what its atomicOr
+/// returned; the other blocks wait, bounded, to see it) and returns the block's BlockEntry, with
+/// the call number of the claim in *call. A failure is noted in *note.
+template <class Args>
+__device__ __forceinline__ int claim_rank_at_entry(const Args& a, const RankArgs& ra, int lblock,
+                                          unsigned long long claim_seen, FailNote* note,
+                                          uint32_t* call) {
+  // The fault word is read only now, after the weights' and rows' copies are issued: its value
+  // is needed at once, so read any earlier it would hold this warp's copies back.
+  const bool failed_at_entry = group_failed(ra, a.world, a.capacity);
+  // One kernel at a time per communicator. Block 0 claimed the rank: it must have been free.
+  // The other blocks take part only once they see the rank owned by this kernel exactly (they
+  // wait, bounded, for block 0's claim to land); any other owner is a second kernel running at
+  // once. So every block that exchanges does so while this kernel owns the rank, and the owner
+  // releases it only after all its blocks have finished: two kernels' exchanges never overlap.
+  // A second kernel's claim leaves its bits in the owner half, which the first one then never
+  // matches: the rank stays claimed, and every later kernel fails, until reset().
+  const uint32_t id = grid_owner_id();
+  bool foreign = false;
+  if (lblock == 0) {
+    foreign = static_cast<uint32_t>(claim_seen >> 32) != 0u;
+  } else {
+    const uint64_t start = global_timer_ns();
+    for (;;) {
+      claim_seen = *reinterpret_cast<volatile unsigned long long*>(claim_word(ra.state));
+      if ((claim_seen >> 32) != 0ull || global_timer_ns() - start > a.timeout_ns) break;
+    }
+    foreign = static_cast<uint32_t>(claim_seen >> 32) != id;
+  }
+  int entry = kEntryRun;
+  if ((claim_seen >> 32) == 0ull && lblock != 0) {  // block 0 never came: not resident
+    note_stop(note, ra, a.world, a.capacity, kFailTimeout, ra.rank, -1, 0u, 0u);
+    entry = kEntryNotOwner;
+  } else if (foreign) {
+    note_stop(note, ra, a.world, a.capacity, kFailConcurrent, -1, -1,
+              tag_for_call(static_cast<uint32_t>(claim_seen)), 0u);
+    entry = kEntryNotOwner;
+  } else if (failed_at_entry) {
+    note_stop(note, ra, a.world, a.capacity, kFailPeer, -1, -1,
+              tag_for_call(static_cast<uint32_t>(claim_seen)), 0u);
+    entry = kEntryDead;
+  }
+  *call = static_cast<uint32_t>(claim_seen);
+  return entry;
+}
+
+/// Thread 0, after every thread of the block is done: counts the block as finished and returns
+/// true in the rank's last block to finish, which has reset the count and must then release the
+/// rank (release_rank).
+template <class Args>
+__device__ __forceinline__ bool last_block_of_rank(const Args& a, const RankArgs& ra) {
+  const uint32_t prev = atomicAdd(&ra.state->blocks_done, 1u);
+  if (prev != static_cast<uint32_t>(a.blocks_per_rank) - 1u) return false;
+  ra.state->blocks_done = 0u;
+  return true;
+}
+
+/// Frees the rank for the next kernel and sets its call counter, in one 64-bit store.
+__device__ __forceinline__ void release_rank(const RankArgs& ra, uint32_t call_after) {
+  *reinterpret_cast<volatile unsigned long long*>(claim_word(ra.state)) = claim_of(call_after, 0u);
+}
 
 /// 1 / rms of a row from its full sum of squares (the same instruction on every rank, so every
 /// rank's scale is bitwise the same).
@@ -590,43 +655,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   }
   for (int s = 0; s < ahead; ++s) issue(s);
   if (!kAlone && threadIdx.x == 0) {
-    // The fault word is read only now, after the weights' and rows' copies are issued: its value
-    // is needed at once, so read any earlier it would hold this warp's copies back.
-    const bool failed_at_entry = group_failed(ra, a.world, a.capacity);
-    // One kernel at a time per communicator. Block 0 claimed the rank: it must have been free.
-    // The other blocks take part only once they see the rank owned by this kernel exactly (they
-    // wait, bounded, for block 0's claim to land); any other owner is a second kernel running at
-    // once. So every block that exchanges does so while this kernel owns the rank, and the owner
-    // releases it only after all its blocks have finished: two kernels' exchanges never overlap.
-    // A second kernel's claim leaves its bits in the owner half, which the first one then never
-    // matches: the rank stays claimed, and every later kernel fails, until reset().
-    const uint32_t id = grid_owner_id();
-    bool foreign = false;
-    if (lblock == 0) {
-      foreign = static_cast<uint32_t>(claim_seen >> 32) != 0u;
-    } else {
-      const uint64_t start = global_timer_ns();
-      for (;;) {
-        claim_seen = *reinterpret_cast<volatile unsigned long long*>(claim_word(ra.state));
-        if ((claim_seen >> 32) != 0ull || global_timer_ns() - start > a.timeout_ns) break;
-      }
-      foreign = static_cast<uint32_t>(claim_seen >> 32) != id;
-    }
-    int entry = kEntryRun;
-    if ((claim_seen >> 32) == 0ull && lblock != 0) {  // block 0 never came: not resident
-      note_stop(&s_note, ra, a.world, a.capacity, kFailTimeout, ra.rank, -1, 0u, 0u);
-      entry = kEntryNotOwner;
-    } else if (foreign) {
-      note_stop(&s_note, ra, a.world, a.capacity, kFailConcurrent, -1, -1,
-                tag_for_call(static_cast<uint32_t>(claim_seen)), 0u);
-      entry = kEntryNotOwner;
-    } else if (failed_at_entry) {
-      note_stop(&s_note, ra, a.world, a.capacity, kFailPeer, -1, -1,
-                tag_for_call(static_cast<uint32_t>(claim_seen)), 0u);
-      entry = kEntryDead;
-    }
-    s_call = static_cast<uint32_t>(claim_seen);
-    s_entry = entry;
+    s_entry = claim_rank_at_entry(a, ra, lblock, claim_seen, &s_note, &s_call);
   }
   if constexpr (VPT > 0) cp_async_wait_pending(ahead);
   __syncthreads();  // the weights, s_abort and the claim before any group reads them
@@ -829,19 +858,14 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
     __syncthreads();  // every group's note and writes before thread 0 records and counts
     if (threadIdx.x == 0) {
       record_note(s_note, ra, a.world, a.capacity);
-      if (entry != kEntryNotOwner) {
-        const uint32_t prev = atomicAdd(&ra.state->blocks_done, 1u);
-        if (prev == static_cast<uint32_t>(a.blocks_per_rank) - 1u) {
-          ra.state->blocks_done = 0u;
-          // The MiniMax-fused method keeps SwiftQK's call as it found it and rotates its own
-          // buffer counter.
-          if constexpr (kLamport) {
-            ra.state->lamport_tokens = static_cast<uint32_t>(T);
-            ra.state->lamport_call = (call + 1) % kLamportBuffers;
-          }
-          *reinterpret_cast<volatile unsigned long long*>(claim_word(ra.state)) =
-              claim_of(kLamport ? s_call : next_call(call), 0u);
+      if (entry != kEntryNotOwner && last_block_of_rank(a, ra)) {
+        // The MiniMax-fused method keeps SwiftQK's call as it found it and rotates its own
+        // buffer counter.
+        if constexpr (kLamport) {
+          ra.state->lamport_tokens = static_cast<uint32_t>(T);
+          ra.state->lamport_call = (call + 1) % kLamportBuffers;
         }
+        release_rank(ra, kLamport ? s_call : next_call(call));
       }
     }
   }

@@ -1,0 +1,46 @@
+// The fused QK epilogue's launch shape (epilogue_plan.hpp).
+#include "epilogue_plan.hpp"
+
+#include <algorithm>
+
+namespace swiftqk {
+
+namespace {
+
+bool aligned(const void* p, std::size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+}  // namespace
+
+int epilogue_vector_elems(const QkEpilogueParams& p) {
+  const int vec = static_cast<int>(16 / dtype_size(p.dtype));
+  const bool rotation = p.rope.style == RopeStyle::kNeox ? (p.rope.rotary_dim / 2) % vec == 0
+                                                         : p.rope.rotary_dim % vec == 0;
+  bool ok = p.head_dim % vec == 0 && rotation;
+  for (const void* ptr : {p.q, p.k, p.v, p.q_weight, p.k_weight}) ok = ok && aligned(ptr, 16);
+  for (int64_t s : {p.q_stride, p.k_stride, p.v_stride, p.q_out_stride}) ok = ok && s % vec == 0;
+  ok = ok && aligned(p.q_out, vec * dtype_size(p.q_out_dtype));
+  if (p.k_out != nullptr) ok = ok && aligned(p.k_out, 16) && p.k_out_stride % vec == 0;
+  const std::size_t cache_access = vec * dtype_size(p.cache.dtype);
+  ok = ok && aligned(p.cache.k, cache_access) && aligned(p.cache.v, cache_access);
+  for (int64_t s : {p.cache.block_stride, p.cache.slot_stride, p.cache.head_stride}) {
+    ok = ok && s % vec == 0;
+  }
+  return ok ? vec : 1;
+}
+
+EpilogueShape epilogue_shape(const QkEpilogueParams& p, int vec, std::size_t stage_bytes) {
+  EpilogueShape s;
+  s.vec = vec;
+  const int64_t units = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim / vec;
+  int threads = kEpilogueMinThreads;
+  while (threads < kEpilogueBlockCap && threads * kEpilogueUnitsPerThread < units) threads <<= 1;
+  s.threads = threads;
+  s.stages = stage_bytes <= kEpilogueDeepStageBytes ? 3 : 2;
+  const std::size_t cs_row = static_cast<std::size_t>(p.rope.rotary_dim) *
+                             (p.rope.cache_dtype == DType::kF32 ? 4 : dtype_size(p.dtype));
+  const auto base = reinterpret_cast<uintptr_t>(p.rope.cos_sin_cache);
+  s.cs_copy_bytes = base % 16 == 0 && cs_row % 16 == 0 ? 16 : (base % 4 == 0 && cs_row % 4 == 0 ? 4 : 2);
+  return s;
+}
+
+}  // namespace swiftqk

@@ -1,0 +1,30 @@
+// The instantiations of qk_epilogue_kernel for one model dtype T (epilogue_table.hpp).
+#pragma once
+
+#include "epilogue_table.hpp"
+#include "kernels/qk_epilogue.cuh"
+
+namespace swiftqk::detail {
+
+template <typename T, typename QOut, typename CacheT, int VEC>
+EpilogueFn pick_epilogue_alone(bool alone) {
+  return alone ? &qk_epilogue_kernel<T, QOut, CacheT, VEC, true>
+               : &qk_epilogue_kernel<T, QOut, CacheT, VEC, false>;
+}
+
+template <typename T, typename QOut, typename CacheT>
+EpilogueFn pick_epilogue_vec(const EpilogueKey& k) {
+  return k.vector ? pick_epilogue_alone<T, QOut, CacheT, 16 / sizeof(T)>(k.alone)
+                  : pick_epilogue_alone<T, QOut, CacheT, 1>(k.alone);
+}
+
+template <typename T>
+EpilogueFn pick_epilogue_for(const EpilogueKey& k) {
+  using F8 = __nv_fp8_e4m3;
+  if (k.q_fp8) {
+    return k.cache_fp8 ? pick_epilogue_vec<T, F8, F8>(k) : pick_epilogue_vec<T, F8, T>(k);
+  }
+  return k.cache_fp8 ? pick_epilogue_vec<T, T, F8>(k) : pick_epilogue_vec<T, T, T>(k);
+}
+
+}  // namespace swiftqk::detail

@@ -1,0 +1,309 @@
+// The fused QK epilogue on one GPU with virtual ranks: against the float64 gold at TP 1-8 on the
+// DESIGN shapes with their real head counts, both RoPE styles, full and partial rotary, both
+// cache layouts, fp8 caches and fp8 Q, headwise norms; bad positions and slots raised by name
+// with nothing written to the cache; graph replays at several token counts; chunked launches.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "epilogue_problem.hpp"
+#include "expect_error.hpp"
+
+namespace swiftqk::testing {
+namespace {
+
+struct Group {
+  std::vector<Communicator> comms;
+  std::vector<Communicator*> ptrs;
+  Group(int world, const CommConfig& config = {}) {
+    comms = Communicator::create_local_group(std::vector<int>(world, 0), config);
+    for (auto& c : comms) ptrs.push_back(&c);
+  }
+};
+
+struct Ranks {
+  std::vector<EpilogueRank> d;
+  std::vector<CacheSnapshot> before;
+  std::vector<QkEpilogueParams> params() const {
+    std::vector<QkEpilogueParams> p;
+    for (const auto& r : d) p.push_back(r.params);
+    return p;
+  }
+};
+
+Ranks make_ranks(const EpilogueHost& h, int world, uint64_t seed) {
+  Ranks r;
+  for (int i = 0; i < world; ++i) {
+    r.d.push_back(make_epilogue_rank(h, world, i));
+    poison_epilogue(r.d.back(), seed + i, nullptr);
+    r.before.push_back(snapshot_caches(r.d.back()));
+  }
+  return r;
+}
+
+void expect_ranks_correct(const EpilogueHost& h, int world, const Ranks& r,
+                          const std::vector<int64_t>& bad = {}) {
+  const ref::EpilogueExpected gold = ref::epilogue_fp64(h.ref);
+  for (int i = 0; i < world; ++i) {
+    const EpilogueCheck c = check_epilogue_rank(h, gold, world, i, r.d[i], r.before[i], bad);
+    EXPECT_TRUE(c.ok()) << h.s.name() << " TP " << world << " rank " << i << ": Q " << c.q_wrong
+                        << ", K " << c.k_wrong << ", V " << c.v_wrong << ", k_out "
+                        << c.k_out_wrong << " wrong, " << c.cache_changed
+                        << " other cache bytes changed; first: " << c.first_error;
+    EXPECT_GT(c.checked, 0);
+  }
+}
+
+// One call of every rank in one launch; no error may be recorded.
+void run_once(const EpilogueSetup& s, int world) {
+  const EpilogueHost h = EpilogueHost::random(s);
+  Group g(world);
+  Ranks r = make_ranks(h, world, s.seed * 31);
+  launch_qk_epilogue_group(g.ptrs, r.params(), nullptr);
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  for (auto& c : g.comms) c.check_error();
+  expect_ranks_correct(h, world, r);
+}
+
+struct Model {
+  const char* name;
+  int64_t q_heads, kv_heads, rotary_dim;
+  NormOrder order;
+};
+// The DESIGN shapes with their real head counts (head_dim 128); MiniMax-M2 rotates 64 of 128.
+const Model kModels[] = {
+    {"olmoe", 16, 16, 128, NormOrder::kLlama},
+    {"olmo2-13b", 40, 40, 128, NormOrder::kOlmo2},
+    {"olmo3-32b", 40, 8, 128, NormOrder::kOlmo2},
+    {"minimax-m2", 48, 8, 64, NormOrder::kLlama},
+};
+
+EpilogueSetup setup_of(const Model& m, int64_t tokens, uint64_t seed) {
+  EpilogueSetup s;
+  s.tokens = tokens;
+  s.q_heads = m.q_heads;
+  s.kv_heads = m.kv_heads;
+  s.rotary_dim = m.rotary_dim;
+  s.order = m.order;
+  s.seed = seed;
+  return s;
+}
+
+TEST(Epilogue, DesignShapesAtEveryTpDegree) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  uint64_t seed = 100;
+  for (const Model& m : kModels) {
+    for (int world : {1, 2, 4, 8}) {
+      if (m.kv_heads % world != 0 || m.q_heads % world != 0) continue;
+      for (int64_t tokens : {1, 37, 300}) run_once(setup_of(m, tokens, ++seed), world);
+    }
+  }
+}
+
+TEST(Epilogue, StylesRotaryDimsDtypesAndLayouts) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  uint64_t seed = 500;
+  for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
+    for (int64_t rot : {128, 64, 32}) {
+      for (DType dt : {DType::kBF16, DType::kF16}) {
+        for (bool hnd : {false, true}) {
+          EpilogueSetup s = setup_of(kModels[3], 77, ++seed);  // MiniMax-M2's heads
+          s.style = style;
+          s.rotary_dim = rot;
+          s.dtype = s.q_out_dtype = s.cache_dtype = dt;
+          s.cos_sin_dtype = hnd ? dt : DType::kF32;
+          s.hnd = hnd;
+          s.in_place = !hnd;
+          s.k_out = hnd;
+          run_once(s, 2);
+        }
+      }
+    }
+  }
+}
+
+TEST(Epilogue, Fp8CacheAndFp8Q) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  uint64_t seed = 900;
+  for (const Model& m : {kModels[0], kModels[3]}) {
+    for (int world : {1, 4}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        EpilogueSetup s = setup_of(m, 129, ++seed);
+        s.cache_dtype = variant != 1 ? DType::kF8E4M3 : s.dtype;
+        s.q_out_dtype = variant != 0 ? DType::kF8E4M3 : s.dtype;
+        s.in_place = s.q_out_dtype == s.dtype;
+        s.hnd = variant == 2;
+        run_once(s, world);
+      }
+    }
+  }
+}
+
+TEST(Epilogue, HeadwiseNorms) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  uint64_t seed = 1300;
+  // Qwen3: rounded, then weighted (Llama order); Gemma-3: 1 + w in fp32, rounded once.
+  for (bool gemma : {false, true}) {
+    for (int world : {1, 2}) {
+      EpilogueSetup s;
+      s.q_heads = 32;
+      s.kv_heads = 8;
+      s.tokens = 200;
+      s.scope = NormScope::kHeadwise;
+      s.order = gemma ? NormOrder::kOlmo2 : NormOrder::kLlama;
+      s.weight_plus_one = gemma;
+      s.seed = ++seed;
+      run_once(s, world);
+    }
+  }
+}
+
+TEST(Epilogue, UnalignedRowsTakeTheElementPath) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
+    EpilogueSetup s = setup_of(kModels[3], 45, style == RopeStyle::kNeox ? 1401 : 1402);
+    s.unaligned = true;
+    s.style = style;
+    s.k_out = true;
+    run_once(s, 2);
+  }
+}
+
+TEST(Epilogue, ChunkedBeyondTheWorkspaceCapacity) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  CommConfig config;
+  config.token_capacity = 64;
+  config.chunk_oversize = true;
+  const EpilogueHost h = EpilogueHost::random(setup_of(kModels[0], 300, 1500));
+  Group g(2, config);
+  Ranks r = make_ranks(h, 2, 1501);
+  launch_qk_epilogue_group(g.ptrs, r.params(), nullptr);
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  for (auto& c : g.comms) c.check_error();
+  expect_ranks_correct(h, 2, r);
+}
+
+// Graphs captured once per token count replay on fresh inputs each time.
+TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  const int world = 4;
+  Group g(world);
+  cudaStream_t st;
+  SWIFTQK_CUDA_TRY(cudaStreamCreate(&st));
+  for (int64_t tokens : {1, 64, 513}) {
+    EpilogueHost h = EpilogueHost::random(setup_of(kModels[2], tokens, 1600 + tokens));
+    Ranks r = make_ranks(h, world, 1700 + tokens);
+    const std::vector<QkEpilogueParams> params = r.params();
+    cudaGraphExec_t ge =
+        capture_graph(st, [&] { launch_qk_epilogue_group(g.ptrs, params, st); });
+    for (int replay = 0; replay < 3; ++replay) {
+      h.refill(1800 + tokens * 10 + replay);
+      for (int i = 0; i < world; ++i) {
+        upload_epilogue_inputs(h, world, i, r.d[i], st);
+        poison_epilogue(r.d[i], 1900 + replay, st);
+        r.before[i] = snapshot_caches(r.d[i]);
+      }
+      SWIFTQK_CUDA_TRY(cudaGraphLaunch(ge, st));
+      SWIFTQK_CUDA_TRY(cudaStreamSynchronize(st));
+      for (auto& c : g.comms) c.check_error();
+      expect_ranks_correct(h, world, r);
+    }
+    SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
+  }
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(st));
+}
+
+// A bad position or slot on the device: the token's writes are skipped (its Q row is NaN), every
+// other token is right, no other cache byte changes, and the host raises naming the token and
+// the value, at check_error() and at the next launch, until reset().
+void bad_value_case(bool position, int world) {
+  EpilogueSetup s = setup_of(kModels[1], 50, position ? 2001 : 2002);
+  EpilogueHost h = EpilogueHost::random(s);
+  const int64_t bad_token = 17;
+  int64_t bad_value;
+  if (position) {
+    bad_value = s.max_position;
+    h.ref.positions[bad_token] = bad_value;
+  } else {
+    bad_value = h.cache_slots() + 5;
+    h.slots[bad_token] = bad_value;
+  }
+  Group g(world);
+  Ranks r = make_ranks(h, world, 2100);
+  launch_qk_epilogue_group(g.ptrs, r.params(), nullptr);
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  expect_ranks_correct(h, world, r, {bad_token});
+  const std::string what = position ? "position" : "slot";
+  for (auto& c : g.comms) {
+    EXPECT_EQ(c.failure().code, position ? 4u : 5u);
+    EXPECT_EQ(c.failure().token, bad_token);
+    EXPECT_EQ(c.failure().value, bad_value);
+    expect_error([&] { c.check_error(); },
+                 {"token " + std::to_string(bad_token), std::to_string(bad_value), what});
+  }
+  // The next launch refuses before writing anything.
+  for (int i = 0; i < world; ++i) {
+    poison_epilogue(r.d[i], 2200 + i, nullptr);
+    r.before[i] = snapshot_caches(r.d[i]);
+  }
+  expect_error([&] { launch_qk_epilogue_group(g.ptrs, r.params(), nullptr); },
+               {"token " + std::to_string(bad_token)});
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  for (int i = 0; i < world; ++i) {
+    const CacheSnapshot now = snapshot_caches(r.d[i]);
+    EXPECT_EQ(now.k, r.before[i].k);
+    EXPECT_EQ(now.v, r.before[i].v);
+  }
+  // After reset() and with good data, the group works again.
+  g.comms[0].reset();
+  if (position) {
+    h.ref.positions[bad_token] = 3;
+  } else {
+    h.slots[bad_token] = -1;
+  }
+  for (int i = 0; i < world; ++i) {
+    upload_epilogue_inputs(h, world, i, r.d[i], nullptr);
+    poison_epilogue(r.d[i], 2300 + i, nullptr);
+    r.before[i] = snapshot_caches(r.d[i]);
+  }
+  launch_qk_epilogue_group(g.ptrs, r.params(), nullptr);
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  for (auto& c : g.comms) c.check_error();
+  expect_ranks_correct(h, world, r);
+}
+
+TEST(Epilogue, BadPositionIsRaisedAndWritesNothingOfThatToken) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  bad_value_case(true, 1);
+  bad_value_case(true, 2);
+}
+
+TEST(Epilogue, BadSlotIsRaisedAndWritesNothingOfThatToken) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  bad_value_case(false, 1);
+  bad_value_case(false, 4);
+}
+
+// A host-checkable mistake throws before anything is written.
+TEST(Epilogue, BadParamsThrowAndWriteNothing) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  const EpilogueHost h = EpilogueHost::random(setup_of(kModels[0], 20, 2400));
+  Group g(2);
+  Ranks r = make_ranks(h, 2, 2401);
+  std::vector<QkEpilogueParams> p = r.params();
+  p[1].rope.rotary_dim = 127;
+  expect_error([&] { launch_qk_epilogue_group(g.ptrs, p, nullptr); }, {"rotary_dim"});
+  p = r.params();
+  p[0].num_kv_heads = 3;  // ranks disagree
+  expect_error([&] { launch_qk_epilogue_group(g.ptrs, p, nullptr); }, {"rank slot"});
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  for (int i = 0; i < 2; ++i) {
+    const CacheSnapshot now = snapshot_caches(r.d[i]);
+    EXPECT_EQ(now.k, r.before[i].k);
+    EXPECT_EQ(now.v, r.before[i].v);
+  }
+}
+
+}  // namespace
+}  // namespace swiftqk::testing

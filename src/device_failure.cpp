@@ -21,6 +21,14 @@ std::string DeviceFailure::describe() const {
          "are NaN until every rank has called reset()";
     return s.str();
   }
+  if (code == 4 || code == 5) {
+    s << "rank " << rank << ": epilogue token " << token << " has "
+      << (code == 4 ? "position " : "KV-cache slot ") << value << ", outside [0, " << limit << ") "
+      << (code == 4 ? "(max_position of the cos/sin cache)"
+                    : "(num_blocks x block_size) and not -1")
+      << "; nothing of that token was written (its Q output row is NaN)";
+    return s.str();
+  }
   if (code == 1 && token < 0) {
     s << "rank " << rank
       << " timed out waiting for its own kernel's first block to claim the rank: the grid could "

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "extent.hpp"
 #include "launch_plan.hpp"
 #include "swiftqk/comm_config.hpp"
 #include "swiftqk/error.hpp"
@@ -11,44 +12,6 @@
 namespace swiftqk {
 
 namespace {
-
-// Byte extent of a strided [rows, width] tensor: [lo, hi).
-struct Extent {
-  uintptr_t lo, hi, stride_bytes, row_bytes;
-  int64_t rows;
-};
-
-// No tensor can span more than this (2^50 bytes, far beyond any device memory); larger extents
-// are rejected before any arithmetic on them could wrap.
-constexpr uint64_t kMaxExtentBytes = uint64_t{1} << 50;
-
-Extent extent_of(const char* name, const void* p, int64_t rows, int64_t width, int64_t stride,
-                 std::size_t elem) {
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
-  uint64_t span = 0, bytes = 0, end = 0;
-  const bool ok = !__builtin_mul_overflow(static_cast<uint64_t>(rows - 1),
-                                          static_cast<uint64_t>(stride), &span) &&
-                  !__builtin_add_overflow(span, static_cast<uint64_t>(width), &span) &&
-                  !__builtin_mul_overflow(span, static_cast<uint64_t>(elem), &bytes) &&
-                  bytes <= kMaxExtentBytes && !__builtin_add_overflow(lo, bytes, &end);
-  SWIFTQK_EXPECTS(ok, std::string(name) +
-                          " spans more than 2^50 bytes (tokens x stride too "
-                          "large) or wraps the address space");
-  return {lo, static_cast<uintptr_t>(end), static_cast<uintptr_t>(stride) * elem,
-          static_cast<uintptr_t>(width) * elem, rows};
-}
-
-// True if two strided tensors share a byte. Equal strides (views of one fused buffer) are
-// compared column-wise modulo the stride; otherwise the byte ranges must not meet.
-bool overlaps(const Extent& a, const Extent& b) {
-  if (a.hi <= b.lo || b.hi <= a.lo) return false;
-  if (a.stride_bytes != b.stride_bytes || a.rows < 2) return true;
-  const uintptr_t s = a.stride_bytes;
-  const uintptr_t d = (b.lo >= a.lo ? b.lo - a.lo : s - (a.lo - b.lo) % s) % s;
-  // b's columns occupy [d, d + row_b) modulo s; a's occupy [0, row_a).
-  const bool disjoint = d >= a.row_bytes && d + b.row_bytes <= s;
-  return !disjoint;
-}
 
 void check_shard(const char* name, const ShardView& v, int64_t tokens, int64_t full_width,
                  int world, DType in_t, DType out_t) {

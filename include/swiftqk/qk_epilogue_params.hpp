@@ -93,7 +93,7 @@ struct QkEpilogueParams {
   const void* k_weight = nullptr;
   /// Headwise only: the weight is 1 + w (Gemma-3's RMSNorm), computed in fp32.
   bool weight_plus_one = false;
-  DType dtype = DType::kBF16;  ///< the model dtype of q, k, v, the weights and q_out/k_out: bf16, f16
+  DType dtype = DType::kBF16;  ///< bf16 or f16: q, k, v, the weights, k_out, non-fp8 q_out
   int64_t tokens = 0;          ///< rows T; 0 is a valid no-op
   int64_t num_q_heads = 0;     ///< this rank's Q heads
   int64_t num_kv_heads = 0;    ///< this rank's K (and V) heads
@@ -107,13 +107,13 @@ struct QkEpilogueParams {
   bool pdl = false;
 };
 
-/// @brief Throws swiftqk::Error naming the first problem with p for a group of world_size ranks:
-/// null or misaligned pointers, shapes, strides, dtypes, head alignment, rotary_dim, the cache
-/// geometry (no two (block, slot, head, element) share an address), the fp8 scales, eps, and
-/// overlaps between what is written (q_out, k_out, the extents of the two caches) and what is
-/// read or written elsewhere. Values only the device sees (positions, slots) are checked by the
-/// kernel, which records a bad one as a failure and writes nothing of that token (its Q output
-/// row is NaN): the host raises it, naming the token and the value.
+/// @brief Throws swiftqk::Error naming the first problem with p for a group of world_size ranks
+/// (1 to 32): null or misaligned pointers, shapes, strides, dtypes, head alignment, rotary_dim,
+/// the cache geometry (no two (block, slot, head, element) share an address), the fp8 scales,
+/// eps, and overlaps between what is written (q_out, k_out, the extents of the two caches) and
+/// what is read or written elsewhere. Values only the device sees (positions, slots) are checked
+/// by the kernel, which records a bad one as a failure and writes nothing of that token (its Q
+/// output row is NaN): the host raises it, naming the token and the value.
 void validate_epilogue_params(const QkEpilogueParams& p, int world_size);
 
 }  // namespace swiftqk

@@ -113,3 +113,43 @@ TEST(DeviceFailure, AnUnknownCodeIsNotTakenForATimeout) {
 
 }  // namespace
 }  // namespace swiftqk
+
+namespace swiftqk {
+namespace {
+
+DeviceFailure bad_input(uint32_t code, int64_t value, int64_t limit) {
+  DeviceFailure f;
+  f.code = code;
+  f.rank = 3;
+  f.token = 17;
+  f.value = value;
+  f.limit = limit;
+  return f;
+}
+
+TEST(DeviceFailure, ABadPositionNamesTheTokenTheValueAndTheBound) {
+  const std::string d = bad_input(4, 8192, 4096).describe();
+  EXPECT_NE(d.find("rank 3: epilogue token 17 has position 8192, outside [0, 4096)"),
+            std::string::npos)
+      << d;
+  EXPECT_NE(d.find("max_position"), std::string::npos) << d;
+  EXPECT_NE(d.find("its Q output row is NaN"), std::string::npos) << d;
+  EXPECT_EQ(d.find("timed out"), std::string::npos) << d;
+  // A negative position is named as such, not as a huge unsigned value.
+  const std::string n = bad_input(4, -2, 4096).describe();
+  EXPECT_NE(n.find("position -2, outside [0, 4096)"), std::string::npos) << n;
+}
+
+TEST(DeviceFailure, ABadSlotNamesTheTokenTheValueAndTheBound) {
+  const std::string d = bad_input(5, -7, 16 * 1024).describe();
+  EXPECT_NE(d.find("rank 3: epilogue token 17 has KV-cache slot -7, outside [0, 16384)"),
+            std::string::npos)
+      << d;
+  EXPECT_NE(d.find("num_blocks x block_size"), std::string::npos) << d;
+  EXPECT_NE(d.find("not -1"), std::string::npos) << d;
+  EXPECT_NE(d.find("nothing of that token was written"), std::string::npos) << d;
+  EXPECT_EQ(d.find("position"), std::string::npos) << d;
+}
+
+}  // namespace
+}  // namespace swiftqk

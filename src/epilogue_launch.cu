@@ -142,20 +142,22 @@ void launch_impl(const std::vector<Communicator*>& comms,
   const int64_t qw = p0.num_q_heads * p0.head_dim, kw = p0.num_kv_heads * p0.head_dim;
   const detail::EpilogueStageLayout layout =
       detail::epilogue_stage_layout(qw + 2 * kw, es, p0.rope.rotary_dim, cs_es);
-  EpilogueShape shape = epilogue_shape(p0, vec, layout.bytes());
+  EpilogueShape shape = epilogue_shape(p0, world, vec, layout.bytes());
   for (const QkEpilogueParams& p : params) {
-    shape.cs_copy_bytes = std::min(shape.cs_copy_bytes, epilogue_shape(p, vec, 0).cs_copy_bytes);
+    shape.cs_copy_bytes =
+        std::min(shape.cs_copy_bytes, epilogue_shape(p, world, vec, 0).cs_copy_bytes);
   }
   const bool headwise = p0.scope == NormScope::kHeadwise;
-  const std::size_t smem = detail::epilogue_smem_bytes(
-      layout, shape.stages, headwise ? 2 * p0.head_dim : qw + kw, es,
-      p0.num_q_heads + p0.num_kv_heads);
+  const std::size_t smem =
+      detail::epilogue_smem_bytes(layout, shape.stages, headwise ? 2 * p0.head_dim : qw + kw, es,
+                                  p0.num_q_heads + p0.num_kv_heads);
 
   detail::EpilogueKey key;
   key.q_fp8 = p0.q_out_dtype == DType::kF8E4M3;
   key.cache_fp8 = p0.cache.dtype == DType::kF8E4M3;
   key.vector = vec > 1;
   key.alone = !exchanges;
+  key.olmo2 = p0.order == NormOrder::kOlmo2;
   const EpilogueFn fn = detail::pick_epilogue_kernel(p0.dtype, key);
   SWIFTQK_EXPECTS(fn != nullptr, "launch_qk_epilogue: no kernel for dtype " + to_string(p0.dtype));
   const void* f = reinterpret_cast<const void*>(fn);
@@ -168,16 +170,26 @@ void launch_impl(const std::vector<Communicator*>& comms,
   EpilogueArgs a{};
   a.world = world;
   a.stages = shape.stages;
+  a.defer = shape.defer;
   a.q_heads = static_cast<int>(p0.num_q_heads);
   a.kv_heads = static_cast<int>(p0.num_kv_heads);
   a.head_dim = static_cast<int>(p0.head_dim);
   a.rotary_dim = static_cast<int>(p0.rope.rotary_dim);
   a.neox = p0.rope.style == RopeStyle::kNeox ? 1 : 0;
   a.headwise = headwise ? 1 : 0;
-  a.olmo2 = p0.order == NormOrder::kOlmo2 ? 1 : 0;
   a.weight_plus_one = p0.weight_plus_one ? 1 : 0;
   a.cs_f32 = p0.rope.cache_dtype == DType::kF32 ? 1 : 0;
   a.cs_copy_bytes = shape.cs_copy_bytes;
+  // The kernel divides by head_dim and by the items per head with one multiply, exact while
+  // the dividends (elements of a V row, items of a token) times the divisor stay below 2^32.
+  const int64_t iph = epilogue_items_per_head(p0, vec);
+  SWIFTQK_EXPECTS(kw * p0.head_dim < (int64_t{1} << 32) &&
+                      (p0.num_q_heads + p0.num_kv_heads) * iph * iph < (int64_t{1} << 32),
+                  "launch_qk_epilogue: " + std::to_string(p0.num_q_heads) + " + " +
+                      std::to_string(p0.num_kv_heads) + " heads of " + std::to_string(p0.head_dim) +
+                      " are beyond the kernel's index range");
+  a.hd_magic = epilogue_div_magic(static_cast<uint32_t>(p0.head_dim));
+  a.item_magic = epilogue_div_magic(static_cast<uint32_t>(iph));
   a.capacity = capacity;
   a.max_position = p0.rope.max_position;
   a.cache_slots = p0.cache.num_blocks * p0.cache.block_size;
@@ -208,9 +220,9 @@ void launch_impl(const std::vector<Communicator*>& comms,
     a.tokens = tokens;
     a.first_token = first;
     a.blocks_per_rank = grid.blocks_per_rank;
-    a.config_hash = config_hash(qw * world, kw * world, world, p0.eps,
-                                static_cast<int>(p0.order), tokens) ^
-                    kEpilogueHashSalt;
+    a.config_hash =
+        config_hash(qw * world, kw * world, world, p0.eps, static_cast<int>(p0.order), tokens) ^
+        kEpilogueHashSalt;
     for (std::size_t r = 0; r < comms.size(); ++r) {
       a.r[r] = rank_args_for(comms[r]->state(), params[r], first);
     }

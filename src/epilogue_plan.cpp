@@ -28,18 +28,37 @@ int epilogue_vector_elems(const QkEpilogueParams& p) {
   return ok ? vec : 1;
 }
 
-EpilogueShape epilogue_shape(const QkEpilogueParams& p, int vec, std::size_t stage_bytes) {
+int epilogue_items_per_head(const QkEpilogueParams& p, int vec) {
+  const int64_t rot = p.rope.rotary_dim, half = rot / 2;
+  const bool neox = p.rope.style == RopeStyle::kNeox;
+  const int64_t pairs = neox ? half / vec : (vec == 1 ? half : 0);
+  const int64_t single_from = pairs > 0 ? rot : 0;
+  return static_cast<int>(pairs + (p.head_dim - single_from) / vec);
+}
+
+uint32_t epilogue_div_magic(uint32_t d) {
+  if (d <= 1) return 0;
+  return static_cast<uint32_t>(((uint64_t{1} << 32) + d - 1) / d);
+}
+
+EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
+                             std::size_t stage_bytes) {
   EpilogueShape s;
   s.vec = vec;
   const int64_t units = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim / vec;
   int threads = kEpilogueMinThreads;
   while (threads < kEpilogueBlockCap && threads * kEpilogueUnitsPerThread < units) threads <<= 1;
   s.threads = threads;
-  s.stages = stage_bytes <= kEpilogueDeepStageBytes ? 3 : 2;
+  int log2_world = 0;
+  while ((1 << log2_world) < world) ++log2_world;
+  s.defer = epilogue_exchanges(p, world) ? std::min(log2_world, kEpilogueMaxDefer) : 0;
+  s.stages =
+      std::min(kEpilogueStageCap, s.defer + 1 + (stage_bytes <= kEpilogueDeepStageBytes ? 2 : 1));
   const std::size_t cs_row = static_cast<std::size_t>(p.rope.rotary_dim) *
                              (p.rope.cache_dtype == DType::kF32 ? 4 : dtype_size(p.dtype));
   const auto base = reinterpret_cast<uintptr_t>(p.rope.cos_sin_cache);
-  s.cs_copy_bytes = base % 16 == 0 && cs_row % 16 == 0 ? 16 : (base % 4 == 0 && cs_row % 4 == 0 ? 4 : 2);
+  s.cs_copy_bytes =
+      base % 16 == 0 && cs_row % 16 == 0 ? 16 : (base % 4 == 0 && cs_row % 4 == 0 ? 4 : 2);
   return s;
 }
 

@@ -10,10 +10,16 @@ namespace swiftqk {
 
 /// Vectors a thread handles per token at most before the block grows (up to the largest block).
 constexpr int kEpilogueUnitsPerThread = 4;
-constexpr int kEpilogueMinThreads = 64;
+/// A short row (high TP) gets a block of one warp: its barriers are then the warp's own, and up to
+/// 32 such blocks, each with its own tokens in flight, share an SM.
+constexpr int kEpilogueMinThreads = 32;
 constexpr int kEpilogueBlockCap = 512;  // qk_epilogue.cuh's kEpilogueMaxThreads
-/// Stages of the ring: three while a stage is small (more rows in flight per block), else two.
+constexpr int kEpilogueStageCap = 6;    // qk_epilogue.cuh's kEpilogueMaxStages
+/// Rows loading ahead of the one reduced: two while a stage is small, else one.
 constexpr std::size_t kEpilogueDeepStageBytes = 16 * 1024;
+/// With peers, a token's collect lags its publish by ceil(log2(TP)) tokens, at most this many
+/// (the plain kernel's deferral): a peer a few tokens behind then costs no wait.
+constexpr int kEpilogueMaxDefer = 2;
 
 /// @brief Elements per access: 16 bytes of the model dtype when every pointer, stride and width
 /// the kernel touches with vectors allows it (and a rotation pairs whole vectors: NeoX needs
@@ -21,14 +27,25 @@ constexpr std::size_t kEpilogueDeepStageBytes = 16 * 1024;
 int epilogue_vector_elems(const QkEpilogueParams& p);
 
 struct EpilogueShape {
-  int vec = 1;      ///< elements per access
-  int threads = 0;  ///< per block (one token at a time)
-  int stages = 2;   ///< ring depth
+  int vec = 1;            ///< elements per access
+  int threads = 0;        ///< per block (one token at a time)
+  int stages = 2;         ///< ring depth: defer + 1 + the rows loading ahead
+  int defer = 0;          ///< tokens a collect lags its publish (0 alone)
   int cs_copy_bytes = 2;  ///< unit in which a cos/sin row is staged: 16, 4 or 2
 };
 
-/// @brief The shape for p with access width vec and a ring stage of stage_bytes.
-EpilogueShape epilogue_shape(const QkEpilogueParams& p, int vec, std::size_t stage_bytes);
+/// @brief The shape for p on a group of `world` ranks, with access width vec and a ring stage of
+/// stage_bytes.
+EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
+                             std::size_t stage_bytes);
+
+/// @brief Work items per head of the kernel's rotation loop (qk_epilogue.cuh, phase C): NeoX
+/// pairs of vectors (and the element path's GPT-J pairs of elements), then single vectors.
+int epilogue_items_per_head(const QkEpilogueParams& p, int vec);
+
+/// @brief ceil(2^32 / d) for 2 <= d, 0 for d = 1: the kernel's n / d is then the high half of
+/// n * magic, exact while n * d < 2^32 (the launch checks it).
+uint32_t epilogue_div_magic(uint32_t d);
 
 /// @brief Whether the launch exchanges partial sums (layerwise with more than one rank).
 constexpr bool epilogue_exchanges(const QkEpilogueParams& p, int world) {

@@ -15,6 +15,7 @@ struct EpilogueKey {
   bool cache_fp8 = false;  // the KV cache is fp8 e4m3
   bool vector = true;      // 16-byte accesses; else element by element
   bool alone = false;      // no exchange (TP 1 layerwise, or headwise)
+  bool olmo2 = true;       // NormOrder::kOlmo2, else kLlama
 };
 
 EpilogueFn pick_epilogue_kernel_bf16(const EpilogueKey& k);

@@ -6,16 +6,22 @@
 
 namespace swiftqk::detail {
 
-template <typename T, typename QOut, typename CacheT, int VEC>
+template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2>
 EpilogueFn pick_epilogue_alone(bool alone) {
-  return alone ? &qk_epilogue_kernel<T, QOut, CacheT, VEC, true>
-               : &qk_epilogue_kernel<T, QOut, CacheT, VEC, false>;
+  return alone ? &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, true>
+               : &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, false>;
+}
+
+template <typename T, typename QOut, typename CacheT, int VEC>
+EpilogueFn pick_epilogue_order(const EpilogueKey& k) {
+  return k.olmo2 ? pick_epilogue_alone<T, QOut, CacheT, VEC, true>(k.alone)
+                 : pick_epilogue_alone<T, QOut, CacheT, VEC, false>(k.alone);
 }
 
 template <typename T, typename QOut, typename CacheT>
 EpilogueFn pick_epilogue_vec(const EpilogueKey& k) {
-  return k.vector ? pick_epilogue_alone<T, QOut, CacheT, 16 / sizeof(T)>(k.alone)
-                  : pick_epilogue_alone<T, QOut, CacheT, 1>(k.alone);
+  return k.vector ? pick_epilogue_order<T, QOut, CacheT, 16 / sizeof(T)>(k)
+                  : pick_epilogue_order<T, QOut, CacheT, 1>(k);
 }
 
 template <typename T>

@@ -15,7 +15,10 @@
 namespace swiftqk::detail {
 
 constexpr int kEpilogueMaxThreads = 512;
-constexpr int kEpilogueMaxStages = 4;
+/// Two blocks of the largest size per SM: caps the registers at 64 a thread (at 83-106 uncapped,
+/// a 256-thread block left room for two per SM, a quarter of the SM's warps).
+constexpr int kEpilogueMinBlocks = 2;
+constexpr int kEpilogueMaxStages = 6;
 
 /// What the host and the kernel agree on about one stage of the ring: the Q|K|V row, the cos/sin
 /// row and the token's position and slot, each part 16-byte aligned.
@@ -23,7 +26,9 @@ struct EpilogueStageLayout {
   std::size_t row_bytes;  // (q + 2 kv heads) x head_dim elements of the model dtype, padded
   std::size_t cs_bytes;   // rotary_dim elements of the cos/sin cache's dtype, padded
   __host__ __device__ constexpr std::size_t meta_offset() const { return row_bytes + cs_bytes; }
-  __host__ __device__ constexpr std::size_t bytes() const { return row_bytes + cs_bytes + 16; }
+  /// The meta: position, slot (copied), the slot's element offset in the cache (computed once per
+  /// token; -1 if nothing is written), padding.
+  __host__ __device__ constexpr std::size_t bytes() const { return row_bytes + cs_bytes + 32; }
 };
 __host__ __device__ constexpr std::size_t pad16(std::size_t b) { return (b + 15) / 16 * 16; }
 __host__ __device__ constexpr EpilogueStageLayout epilogue_stage_layout(int64_t row_elems,
@@ -51,6 +56,12 @@ __device__ __forceinline__ void cp_async_bytes(uint32_t s, const void* g, int by
   } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(g) : "memory");
   }
+}
+
+/// n / d for n * d < 2^32 with magic = ceil(2^32 / d) (epilogue_div_magic; 0 for d = 1): one
+/// multiply instead of a division in the loops over a token's items.
+__device__ __forceinline__ int div_by(int n, uint32_t magic) {
+  return magic == 0u ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), magic));
 }
 
 /// fp8 e4m3 of value / scale (a correctly rounded division, as vLLM's scaled conversion),
@@ -119,23 +130,95 @@ __device__ __forceinline__ void poison_token(const EpilogueArgs& a, const Epilog
   }
 }
 
-/// The normalised value of element x with weight w (rs: the row's or head's 1/rms): in the Olmo2
-/// order the fp32 product x * w, to which rs is applied after the rotation (rope is linear); in
-/// the Llama order round(round(x * rs) * w), rotated as is.
-template <typename T>
-__device__ __forceinline__ float pre_rotation(float x, float w, float rs, bool olmo2) {
-  return olmo2 ? x * w : round_through<T>(round_through<T>(x * rs) * w);
-}
+/// The normalised values of VEC elements x with weights w (rs: the row's or head's 1/rms), as
+/// the rotation takes them: in the Olmo2 order the fp32 products x * w, to which rs is applied
+/// after the rotation (rope is linear); in the Llama order round(round(x * rs) * w).
+template <typename T, int VEC, bool kOlmo2>
+__device__ __forceinline__ void normalized(const T* x, const T* w, float rs, int plus_one,
+                                           float (&u)[VEC]);
+
+/// cos and sin for VEC consecutive elements of a rotary pair set, from the staged row cs: NeoX
+/// (and the element path's GPT-J pairs) indices i .. i + VEC - 1, or with `pairs` the GPT-J
+/// vector's VEC / 2 pairs, indices i .. i + VEC / 2 - 1, each twice.
+template <typename T, int VEC>
+__device__ __forceinline__ void cos_sin(const uint8_t* cs, int f32, int i, int half,
+                                        float (&c)[VEC], float (&s)[VEC], bool pairs = false);
 
 template <typename T, int VEC>
 __device__ __forceinline__ void load_floats(const T* p, float (&f)[VEC]) {
   vec_to_floats(load_vec(reinterpret_cast<const Vec<T, VEC>*>(p)), f);
 }
 
+template <typename T, int VEC, bool kOlmo2>
+__device__ __forceinline__ void normalized(const T* x, const T* w, float rs, int plus_one,
+                                           float (&u)[VEC]) {
+  float xf[VEC];
+  load_floats<T, VEC>(x, xf);
+  if constexpr (!kOlmo2 && VEC % 2 == 0) {
+    if (!plus_one) {
+      // The weight product in pairs: the product of two 2-byte floats is exact in fp32, so one
+      // packed multiply rounds it as the element-wise round(round(x * rs) * w) does
+      // (normalize_vec's argument).
+      using P = PairOf<T>;
+      const Vec<T, VEC> wv = load_vec(reinterpret_cast<const Vec<T, VEC>*>(w));
+      const auto* w2 = reinterpret_cast<const typename P::type*>(wv.v);
+#pragma unroll
+      for (int e = 0; e < VEC / 2; ++e) {
+        const float2 y = P::unpack(P::mul(P::pack(xf[2 * e] * rs, xf[2 * e + 1] * rs), w2[e]));
+        u[2 * e] = y.x;
+        u[2 * e + 1] = y.y;
+      }
+      return;
+    }
+  }
+  float wf[VEC];
+  load_floats<T, VEC>(w, wf);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const float we = plus_one ? wf[e] + 1.f : wf[e];
+    if constexpr (kOlmo2) {
+      u[e] = xf[e] * we;
+    } else {
+      u[e] = round_through<T>(round_through<T>(xf[e] * rs) * we);
+    }
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void cos_sin(const uint8_t* cs, int f32, int i, int half,
+                                        float (&c)[VEC], float (&s)[VEC], bool pairs) {
+  if (pairs) {
+    if constexpr (VEC > 1) {
+      float ch[VEC / 2], sh[VEC / 2];
+      if (f32) {
+        load_floats<float, VEC / 2>(reinterpret_cast<const float*>(cs) + i, ch);
+        load_floats<float, VEC / 2>(reinterpret_cast<const float*>(cs) + half + i, sh);
+      } else {
+        load_floats<T, VEC / 2>(reinterpret_cast<const T*>(cs) + i, ch);
+        load_floats<T, VEC / 2>(reinterpret_cast<const T*>(cs) + half + i, sh);
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        c[e] = ch[e >> 1];
+        s[e] = sh[e >> 1];
+      }
+    }
+    return;
+  }
+  if (f32) {
+    load_floats<float, VEC>(reinterpret_cast<const float*>(cs) + i, c);
+    load_floats<float, VEC>(reinterpret_cast<const float*>(cs) + half + i, s);
+  } else {
+    load_floats<T, VEC>(reinterpret_cast<const T*>(cs) + i, c);
+    load_floats<T, VEC>(reinterpret_cast<const T*>(cs) + half + i, s);
+  }
+}
+
 /// VEC is the elements per access (16 bytes of the model dtype, or 1 on the unaligned path).
-/// kAlone compiles the exchange out (TP 1 layerwise, and every headwise launch).
-template <typename T, typename QOut, typename CacheT, int VEC, bool kAlone>
-__global__ void __launch_bounds__(kEpilogueMaxThreads)
+/// kOlmo2 is the norm order. kAlone compiles the exchange out (TP 1 layerwise, and every headwise
+/// launch).
+template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2, bool kAlone>
+__global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
     qk_epilogue_kernel(const __grid_constant__ EpilogueArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");  // as in swiftqk_fused_kernel
@@ -161,7 +244,7 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads)
   const int qk_units = (qw + kw) / VEC, units = (qw + 2 * kw) / VEC;
   const int ntok = static_cast<int>(a.tokens);
   const int S = a.stages;
-  const bool olmo2 = a.olmo2 != 0, headwise = a.headwise != 0, neox = a.neox != 0;
+  const bool headwise = a.headwise != 0, neox = a.neox != 0;
 
   unsigned long long claim_seen = 0;
   if (!kAlone && tid == 0) {
@@ -180,9 +263,9 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads)
   uint8_t* const ring = reinterpret_cast<uint8_t*>(s_dyn);
   T* const s_weight = reinterpret_cast<T*>(ring + static_cast<std::size_t>(S) * L.bytes());
   const int weight_elems = headwise ? 2 * hd : qw + kw;
-  float* const s_head = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(s_weight) +
-                                                 pad16(static_cast<std::size_t>(weight_elems) *
-                                                       sizeof(T)));
+  float* const s_head =
+      reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(s_weight) +
+                               pad16(static_cast<std::size_t>(weight_elems) * sizeof(T)));
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   auto stage_row = [&](int s) { return reinterpret_cast<T*>(ring + s * L.bytes()); };
   auto stage_meta = [&](int s) {
@@ -261,7 +344,12 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads)
     asm volatile("cp.async.commit_group;");  // empty groups keep the count uniform
     tk_next += step;
   };
-  const int ahead = S - 1;
+  // With peers, iteration `it` reduces and publishes token it of the block's sequence and collects
+  // and writes token it - D (D = a.defer), so a token's exchange overlaps the next D tokens'
+  // loads and reductions, as in the plain kernel; D stages hold the tokens awaiting their
+  // write, `ahead` the ones loading. Alone, nothing waits: D = 0.
+  const int defer = kAlone ? 0 : max(0, min(a.defer, iterations - 1));
+  const int ahead = S - 1 - defer;
   for (int s = 0; s < ahead; ++s) issue(s);
 
   int entry = kEntryRun;
@@ -290,69 +378,76 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads)
   const float v_scale = std::is_same_v<CacheT, __nv_fp8_e4m3> ? *er.v_scale : 1.f;
 
   int poison_from = entry == kEntryRun ? ntok : first;
-  const int last = entry == kEntryRun ? iterations : 0;
+  const int last = entry == kEntryRun ? iterations + defer : 0;
   int cur = 0;
   for (int it = 0; it < last; ++it) {
-    const int t = first + it * step;
+    const int t = first + it * step;  // the token reduced and published
+    const int tw = t - defer * step;  // the token collected and written
+    const bool active = it < iterations;
+    const bool active_write = it >= defer;
+    const int wstage = cur - defer < 0 ? cur - defer + S : cur - defer;
     // Stage cur holds token t once this thread's copies are in (at most ahead - 1 younger groups
     // pending) and, after the barrier, everyone's; the barrier also means every thread is done
-    // with the previous token's stage, which the next copies refill.
+    // with the stage the last iteration wrote from, which the next copies refill.
     cp_async_wait_pending(ahead - 1);
     __syncthreads();
-    issue(cur == 0 ? S - 1 : cur - 1);
+    issue(cur + ahead >= S ? cur + ahead - S : cur + ahead);
     const T* row = stage_row(cur);
-    const int64_t pos = stage_meta(cur)[0];
-    const int64_t slot = stage_meta(cur)[1];
-    const bool bad_pos = pos < 0 || pos >= a.max_position;
-    const bool bad_slot = slot < -1 || slot >= a.cache_slots;
-    const bool write_cache = !bad_pos && !bad_slot && slot >= 0;
     const int par = it & 1;
 
-    // Phase A: sums of squares of the Q and K units (per head, or per row and partial).
-    float sq = 0.f, sk = 0.f;
-    if (headwise) {
-      // Each head's sum in a fixed order (same bits on every launch shape): first this thread's
-      // units into the head array, unit by unit (a head's units may span threads), then
-      // one thread per head adds them up.
-      for (int h = tid; h < a.q_heads + a.kv_heads; h += G) {
-        float s = 0.f;
-        const T* x = row + h * hd;
-        for (int d = 0; d < hd; d += VEC) {
+    // Phase A: sums of squares of the Q and K units (per head, or per row and partial); thread 0
+    // turns the token's slot into its cache offset, once.
+    if (active && tid == 0) {
+      int64_t* meta = stage_meta(cur);
+      const int64_t pos = meta[0], slot = meta[1];
+      int64_t off = -1;
+      if (pos >= 0 && pos < a.max_position && slot >= 0 && slot < a.cache_slots) {
+        const int64_t b = slot / a.block_size;
+        off = b * a.block_stride + (slot - b * a.block_size) * a.slot_stride;
+      }
+      meta[2] = off;
+    }
+    if (active) {
+      if (headwise) {
+        // Each head's sum in a fixed order (the same bits for every launch shape), by one
+        // thread per head.
+        for (int h = tid; h < a.q_heads + a.kv_heads; h += G) {
+          float s = 0.f;
+          const T* x = row + h * hd;
+          for (int d = 0; d < hd; d += VEC) {
+            float f[VEC];
+            load_floats<T, VEC>(x + d, f);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s = fmaf(f[e], f[e], s);
+          }
+          s_head[h] = rsqrtf(s * (1.f / static_cast<float>(hd)) + a.eps);
+        }
+      } else {
+        float sq = 0.f, sk = 0.f;
+        for (int u = tid; u < qk_units; u += G) {
           float f[VEC];
-          load_floats<T, VEC>(x + d, f);
+          load_floats<T, VEC>(row + u * VEC, f);
+          float s = 0.f;
 #pragma unroll
           for (int e = 0; e < VEC; ++e) s = fmaf(f[e], f[e], s);
+          if (u * VEC < qw) {
+            sq += s;
+          } else {
+            sk += s;
+          }
         }
-        const float inv = 1.f / static_cast<float>(hd);
-        s_head[h] = rsqrtf(s * inv + a.eps);
-      }
-      __syncthreads();
-    } else {
-      for (int u = tid; u < qk_units; u += G) {
-        float f[VEC];
-        load_floats<T, VEC>(row + u * VEC, f);
-        float s = 0.f;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) s = fmaf(f[e], f[e], s);
-        if (u * VEC < qw) {
-          sq += s;
-        } else {
-          sk += s;
+        for (int off = 16; off > 0; off >>= 1) {
+          sq += __shfl_xor_sync(kFullMask, sq, off);
+          sk += __shfl_xor_sync(kFullMask, sk, off);
         }
+        if (lane == 0) s_part[par][warp] = make_float2(sq, sk);
       }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        sq += __shfl_xor_sync(kFullMask, sq, off);
-        sk += __shfl_xor_sync(kFullMask, sk, off);
-      }
-      if (lane == 0) s_part[par][warp] = make_float2(sq, sk);
-      __syncthreads();
     }
+    __syncthreads();
 
-    // Phase B (layerwise with peers): warp 0 publishes the rank's partials, then every thread
-    // writes the token's V into the cache (it does not depend on the exchange), then warp 0
-    // collects.
-    float2 rs = make_float2(0.f, 0.f);
+    // Phase B: with peers, warp 0 publishes token t's partials; every thread writes token t's V
+    // into the cache (it does not depend on the exchange); then warp 0 collects token tw.
     auto block_partials = [&] {
       float2 p = make_float2(0.f, 0.f);
       for (int w = 0; w < warps; ++w) {  // the same order in every thread: the same bits
@@ -361,30 +456,33 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads)
       }
       return p;
     };
-    if (!headwise && !kAlone && warp == 0) {
-      const float2 p = block_partials();
-      publish_partials(xl, token_words, t, tag, ktag, p.x, p.y);
-    }
-    if (write_cache) {
-      const int64_t b = slot / a.block_size, o = slot - b * a.block_size;
-      CacheT* vc = static_cast<CacheT*>(er.v_cache) + b * a.block_stride + o * a.slot_stride;
-      for (int u = qk_units + tid; u < units; u += G) {
-        const int e = u * VEC - qw - kw;
-        const int h = e / hd, d = e - h * hd;
-        float f[VEC];
-        load_floats<T, VEC>(row + u * VEC, f);
-        store_floats<CacheT, VEC>(vc + h * a.head_stride + d, f, v_scale);
+    if (active) {
+      if (!headwise && !kAlone && warp == 0) {
+        const float2 p = block_partials();
+        publish_partials(xl, token_words, t, tag, ktag, p.x, p.y);
+      }
+      const int64_t off = stage_meta(cur)[2];
+      if (off >= 0) {
+        CacheT* vc = static_cast<CacheT*>(er.v_cache) + off;
+        for (int u = qk_units + tid; u < units; u += G) {
+          const int e = u * VEC - qw - kw;
+          const int h = div_by(e, a.hd_magic), d = e - h * hd;
+          float f[VEC];
+          load_floats<T, VEC>(row + u * VEC, f);
+          store_floats<CacheT, VEC>(vc + h * a.head_stride + d, f, v_scale);
+        }
       }
     }
-    if (!headwise) {
+    float2 rs = make_float2(0.f, 0.f);
+    if (active_write && !headwise) {
       if constexpr (kAlone) {
         const float2 p = block_partials();
         rs = make_float2(inv_rms(p.x, a.q_inv_full, a.eps), inv_rms(p.y, a.k_inv_full, a.eps));
       } else {
         if (warp == 0) {
           float q = 0.f, k = 0.f;
-          const bool ok = collect_partials(a, ra, xl, token_words, world_pow2, t, tag, ktag, q, k, true, lane,
-                                32, &s_note);
+          const bool ok = collect_partials(a, ra, xl, token_words, world_pow2, tw, tag, ktag, q, k,
+                                           true, lane, 32, &s_note);
           if (lane == 0) {
             s_abort = ok ? 0 : 1;
             s_rstd = make_float2(inv_rms(q, a.q_inv_full, a.eps), inv_rms(k, a.k_inv_full, a.eps));
@@ -393,102 +491,97 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads)
         __syncthreads();
         rs = s_rstd;
         if (s_abort != 0) {
-          poison_from = t;
+          poison_from = tw;
           break;
         }
       }
     }
+    cur = cur + 1 == S ? 0 : cur + 1;
+    if (!active_write) continue;
+    const T* wrow = stage_row(wstage);
+    const int64_t pos = stage_meta(wstage)[0];
+    const int64_t slot = stage_meta(wstage)[1];
+    const bool bad_pos = pos < 0 || pos >= a.max_position;
+    const bool bad_slot = slot < -1 || slot >= a.cache_slots;
+    const bool write_cache = !bad_pos && !bad_slot && slot >= 0;
 
-    // Phase C: norm, rotation, stores.
+    // Phase C: norm, rotation, stores. The work items of a head: a NeoX pair of vectors
+    // (d, d + rotary_dim / 2), or on the element path a GPT-J pair (2i, 2i + 1), each rotated by
+    // the thread that loads both; then the vectors after the rotary part, and on the vector path
+    // every GPT-J vector (its pairs inside it).
     if (bad_pos || bad_slot) {
       if (tid == 0) {
-        record_bad_data(ra, bad_pos ? kFailBadPosition : kFailBadSlot, a.first_token + t,
+        record_bad_data(ra, bad_pos ? kFailBadPosition : kFailBadSlot, a.first_token + tw,
                         bad_pos ? pos : slot, bad_pos ? a.max_position : a.cache_slots);
       }
-      poison_token<T, QOut>(a, er, t);
+      poison_token<T, QOut>(a, er, tw);
     } else {
-      const uint8_t* cs = reinterpret_cast<const uint8_t*>(row) + L.row_bytes;
-      auto cos_sin_at = [&](int i, float& c, float& s) {
-        if (a.cs_f32) {
-          c = reinterpret_cast<const float*>(cs)[i];
-          s = reinterpret_cast<const float*>(cs)[half + i];
-        } else {
-          c = to_float(reinterpret_cast<const T*>(cs)[i]);
-          s = to_float(reinterpret_cast<const T*>(cs)[half + i]);
-        }
-      };
-      const int64_t b = write_cache ? slot / a.block_size : 0;
-      const int64_t o = write_cache ? slot - b * a.block_size : 0;
-      CacheT* kc = static_cast<CacheT*>(er.k_cache) + b * a.block_stride + o * a.slot_stride;
-      QOut* qo = static_cast<QOut*>(ra.q_out) + static_cast<int64_t>(t) * ra.q_out_stride;
+      const uint8_t* cs = reinterpret_cast<const uint8_t*>(wrow) + L.row_bytes;
+      CacheT* kc = static_cast<CacheT*>(er.k_cache) + (write_cache ? stage_meta(wstage)[2] : 0);
+      QOut* qo = static_cast<QOut*>(ra.q_out) + static_cast<int64_t>(tw) * ra.q_out_stride;
       T* ko = ra.k_out == nullptr
                   ? nullptr
-                  : static_cast<T*>(ra.k_out) + static_cast<int64_t>(t) * ra.k_out_stride;
-      for (int u = tid; u < qk_units; u += G) {
-        const int e0 = u * VEC;
-        const bool is_q = e0 < qw;
-        const int re = is_q ? e0 : e0 - qw;  // offset in the Q or K row
-        const int h = re / hd, d0 = re - h * hd;
-        const float r = headwise ? s_head[is_q ? h : a.q_heads + h] : (is_q ? rs.x : rs.y);
-        const T* wbase = headwise ? s_weight + (is_q ? 0 : hd) : s_weight + (is_q ? 0 : qw);
-        const int wi = headwise ? d0 : re;  // this unit's weights in wbase
-        float x[VEC], w[VEC], y[VEC];
-        load_floats<T, VEC>(row + e0, x);
-        load_floats<T, VEC>(wbase + wi, w);
-        if (a.weight_plus_one) {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) w[e] += 1.f;
-        }
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) y[e] = pre_rotation<T>(x[e], w[e], r, olmo2);
-        if (d0 < rot) {
-          // The partner of element d0 + e: NeoX d0 + e +- rot/2 (the whole vector, as rot/2 is a
-          // multiple of VEC), GPT-J d0 + e xor 1 (inside the vector, or the next element).
-          float xp[VEC], wp[VEC];
-          const bool low = d0 < half;
-          if (neox) {
-            const int pd = low ? half : -half;
-            load_floats<T, VEC>(row + e0 + pd, xp);
-            load_floats<T, VEC>(wbase + wi + pd, wp);
-          } else if constexpr (VEC > 1) {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-              xp[e] = x[e ^ 1];
-              wp[e] = w[e ^ 1];
-            }
+                  : static_cast<T*>(ra.k_out) + static_cast<int64_t>(tw) * ra.k_out_stride;
+      const int pair_items = neox ? half / VEC : (VEC == 1 ? half : 0);
+      const int pd = neox ? half : 1;  // the second vector of a pair item
+      const int single_from = pair_items > 0 ? rot : 0;
+      const int items_per_head = pair_items + (hd - single_from) / VEC;
+      const int items = (a.q_heads + a.kv_heads) * items_per_head;
+      for (int item = tid; item < items; item += G) {
+        const int hh = div_by(item, a.item_magic), j = item - hh * items_per_head;
+        const bool is_q = hh < a.q_heads;
+        const int h = is_q ? hh : hh - a.q_heads;
+        const T* x_head = wrow + (is_q ? 0 : qw) + h * hd;
+        const T* w_head =
+            headwise ? s_weight + (is_q ? 0 : hd) : s_weight + (is_q ? 0 : qw) + h * hd;
+        const float r = headwise ? s_head[hh] : (is_q ? rs.x : rs.y);
+        auto store = [&](int d, const float(&y)[VEC]) {
+          if (is_q) {
+            store_floats<QOut, VEC>(qo + h * hd + d, y, q_scale);
           } else {
-            const int pd = (d0 & 1) ? -1 : 1;
-            xp[0] = to_float(row[e0 + pd]);
-            wp[0] = to_float(wbase[wi + pd]);
+            if (write_cache) store_floats<CacheT, VEC>(kc + h * a.head_stride + d, y, k_scale);
+            if (ko != nullptr) store_floats<T, VEC>(ko + h * hd + d, y, 1.f);
           }
-          if (a.weight_plus_one) {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) wp[e] += 1.f;
-          }
+        };
+        if (j < pair_items) {
+          const int d0 = neox ? j * VEC : 2 * j;
+          float u[VEC], v[VEC], c[VEC], sn[VEC];
+          normalized<T, VEC, kOlmo2>(x_head + d0, w_head + d0, r, a.weight_plus_one, u);
+          normalized<T, VEC, kOlmo2>(x_head + d0 + pd, w_head + d0 + pd, r, a.weight_plus_one, v);
+          cos_sin<T, VEC>(cs, a.cs_f32, neox ? d0 : j, half, c, sn);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
-            const int d = d0 + e;
-            const int i = neox ? (low ? d : d - half) : d >> 1;
-            const bool first_of_pair = neox ? low : (d & 1) == 0;
-            float c, s;
-            cos_sin_at(i, c, s);
-            const float pv = pre_rotation<T>(xp[e], wp[e], r, olmo2);
-            y[e] = first_of_pair ? y[e] * c - pv * s : y[e] * c + pv * s;
+            const float lo = u[e] * c[e] - v[e] * sn[e], hi = v[e] * c[e] + u[e] * sn[e];
+            u[e] = kOlmo2 ? lo * r : lo;  // the scale last: rope(r v) = r rope(v)
+            v[e] = kOlmo2 ? hi * r : hi;
           }
-        }
-        if (olmo2) {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) y[e] *= r;  // the scale last: rope(r v) = r rope(v)
-        }
-        if (is_q) {
-          store_floats<QOut, VEC>(qo + e0, y, q_scale);
+          store(d0, u);
+          store(d0 + pd, v);
         } else {
-          if (write_cache) store_floats<CacheT, VEC>(kc + h * a.head_stride + d0, y, k_scale);
-          if (ko != nullptr) store_floats<T, VEC>(ko + re, y, 1.f);
+          const int d0 = single_from + (j - pair_items) * VEC;
+          float u[VEC];
+          normalized<T, VEC, kOlmo2>(x_head + d0, w_head + d0, r, a.weight_plus_one, u);
+          if constexpr (VEC > 1) {
+            if (!neox && d0 < rot) {  // GPT-J pairs inside the vector
+              float c[VEC], sn[VEC];
+              cos_sin<T, VEC>(cs, a.cs_f32, d0 >> 1, half, c, sn, true);
+#pragma unroll
+              for (int e = 0; e < VEC; e += 2) {
+                const float lo = u[e] * c[e] - u[e + 1] * sn[e];
+                const float hi = u[e + 1] * c[e] + u[e] * sn[e];
+                u[e] = lo;
+                u[e + 1] = hi;
+              }
+            }
+          }
+          if constexpr (kOlmo2) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) u[e] *= r;
+          }
+          store(d0, u);
         }
       }
     }
-    cur = cur + 1 == S ? 0 : cur + 1;
   }
   cp_async_wait<0>();  // no copy may land after the block exits
   if constexpr (!kAlone) {

@@ -4,6 +4,7 @@
 // with nothing written to the cache; graph replays at several token counts; chunked launches.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -48,8 +49,8 @@ void expect_ranks_correct(const EpilogueHost& h, int world, const Ranks& r,
   for (int i = 0; i < world; ++i) {
     const EpilogueCheck c = check_epilogue_rank(h, gold, world, i, r.d[i], r.before[i], bad);
     EXPECT_TRUE(c.ok()) << h.s.name() << " TP " << world << " rank " << i << ": Q " << c.q_wrong
-                        << ", K " << c.k_wrong << ", V " << c.v_wrong << ", k_out "
-                        << c.k_out_wrong << " wrong, " << c.cache_changed
+                        << ", K " << c.k_wrong << ", V " << c.v_wrong << ", k_out " << c.k_out_wrong
+                        << " wrong, " << c.cache_changed
                         << " other cache bytes changed; first: " << c.first_error;
     EXPECT_GT(c.checked, 0);
   }
@@ -195,8 +196,7 @@ TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
     EpilogueHost h = EpilogueHost::random(setup_of(kModels[2], tokens, 1600 + tokens));
     Ranks r = make_ranks(h, world, 1700 + tokens);
     const std::vector<QkEpilogueParams> params = r.params();
-    cudaGraphExec_t ge =
-        capture_graph(st, [&] { launch_qk_epilogue_group(g.ptrs, params, st); });
+    cudaGraphExec_t ge = capture_graph(st, [&] { launch_qk_epilogue_group(g.ptrs, params, st); });
     for (int replay = 0; replay < 3; ++replay) {
       h.refill(1800 + tokens * 10 + replay);
       for (int i = 0; i < world; ++i) {
@@ -303,6 +303,34 @@ TEST(Epilogue, BadParamsThrowAndWriteNothing) {
     EXPECT_EQ(now.k, r.before[i].k);
     EXPECT_EQ(now.v, r.before[i].v);
   }
+}
+
+// The check itself can fail: a gold of the other rotation style, and one stray cache byte, are
+// both caught.
+TEST(Epilogue, CheckCatchesAWrongRotationAndAStrayCacheWrite) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  const EpilogueHost h = EpilogueHost::random(setup_of(kModels[0], 40, 2500));
+  Group g(1);
+  Ranks r = make_ranks(h, 1, 2501);
+  launch_qk_epilogue_group(g.ptrs, r.params(), nullptr);
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  g.comms[0].check_error();
+  EpilogueHost other = h;
+  other.ref.style = RopeStyle::kGptj;
+  const EpilogueCheck wrong_style =
+      check_epilogue_rank(h, ref::epilogue_fp64(other.ref), 1, 0, r.d[0], r.before[0]);
+  EXPECT_GT(wrong_style.q_wrong, 0);
+  EXPECT_GT(wrong_style.k_wrong, 0);
+  // A slot no token maps to (40 tokens, 208 slots) is poked.
+  int64_t unused = 0;
+  while (std::count(h.slots.begin(), h.slots.end(), unused) != 0) ++unused;
+  const uint8_t poke = static_cast<uint8_t>(r.before[0].k[unused * 16 * 128 * 2] ^ 0x5a);
+  SWIFTQK_CUDA_TRY(
+      cudaMemcpy(r.d[0].k_cache.get() + unused * 16 * 128 * 2, &poke, 1, cudaMemcpyHostToDevice));
+  const EpilogueCheck stray =
+      check_epilogue_rank(h, ref::epilogue_fp64(h.ref), 1, 0, r.d[0], r.before[0]);
+  EXPECT_EQ(stray.q_wrong, 0);
+  EXPECT_EQ(stray.cache_changed, 1);
 }
 
 }  // namespace

@@ -93,10 +93,13 @@ struct EpilogueCheck {
 /// Checks one rank's outputs against gold (epilogue_fp64 of h): Q (its columns), K in the cache
 /// at each token's slot (and k_out), V in the cache (bit-exact: a copy or one quantisation), and
 /// every other cache byte against `before`. Tokens listed in `bad_tokens` must have a NaN Q row
-/// and no cache write.
+/// and no cache write. `roundings` scales the model dtype's part of the bound: 1 for the fused
+/// kernel; the unfused chain rounds its normalised Q and K to the model dtype before rotating
+/// them and rounds again after, twice the fused kernel's roundings.
 EpilogueCheck check_epilogue_rank(const EpilogueHost& h, const ref::EpilogueExpected& gold,
                                   int world, int rank, const EpilogueRank& d,
                                   const CacheSnapshot& before,
-                                  const std::vector<int64_t>& bad_tokens = {});
+                                  const std::vector<int64_t>& bad_tokens = {},
+                                  double roundings = 1.0);
 
 }  // namespace swiftqk::testing

@@ -1,0 +1,104 @@
+// The fused epilogue's launch shape: the access width each pointer, stride and rotation allows,
+// the block size and ring depth, and the division by multiply the kernel's loops use.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "epilogue_plan.hpp"
+
+namespace swiftqk {
+namespace {
+
+// A valid-looking bf16 problem with 16-byte aligned (never dereferenced) pointers.
+QkEpilogueParams aligned_params() {
+  alignas(16) static uint8_t arena[1 << 12];
+  QkEpilogueParams p;
+  p.q = p.k = p.v = p.q_weight = p.k_weight = arena;
+  p.q_out = arena;
+  p.q_stride = p.k_stride = p.v_stride = p.q_out_stride = 3 * 1024;
+  p.num_q_heads = 4;
+  p.num_kv_heads = 2;
+  p.head_dim = 128;
+  p.rope.rotary_dim = 128;
+  p.rope.cos_sin_cache = arena;
+  p.cache.k = p.cache.v = arena;
+  p.cache.block_stride = 16 * 2 * 128;
+  p.cache.slot_stride = 2 * 128;
+  p.cache.head_stride = 128;
+  return p;
+}
+
+TEST(EpiloguePlan, SixteenByteAccessesWhenEverythingAllowsThem) {
+  EXPECT_EQ(epilogue_vector_elems(aligned_params()), 8);
+}
+
+TEST(EpiloguePlan, ElementPathForAnyMisalignmentOrSplitRotation) {
+  QkEpilogueParams p = aligned_params();
+  p.q_stride = 3 * 1024 + 1;
+  EXPECT_EQ(epilogue_vector_elems(p), 1);
+  p = aligned_params();
+  p.v = static_cast<const uint8_t*>(p.v) + 2;
+  EXPECT_EQ(epilogue_vector_elems(p), 1);
+  p = aligned_params();
+  p.rope.rotary_dim = 24;  // NeoX pairs vectors 12 apart: not whole 8-element vectors
+  EXPECT_EQ(epilogue_vector_elems(p), 1);
+  p.rope.style = RopeStyle::kGptj;  // GPT-J needs rotary_dim % 8 only
+  EXPECT_EQ(epilogue_vector_elems(p), 8);
+  p = aligned_params();
+  p.cache.head_stride = 132;
+  EXPECT_EQ(epilogue_vector_elems(p), 1);
+  p = aligned_params();
+  p.q_out_dtype = DType::kF8E4M3;
+  p.q_out = static_cast<uint8_t*>(p.q_out) + 8;  // 8-byte aligned suffices for 8 fp8 elements
+  EXPECT_EQ(epilogue_vector_elems(p), 8);
+  p.q_out = static_cast<uint8_t*>(p.q_out) + 4;
+  EXPECT_EQ(epilogue_vector_elems(p), 1);
+}
+
+TEST(EpiloguePlan, ExchangeDefersAndDeepensTheRing) {
+  const QkEpilogueParams p = aligned_params();
+  const EpilogueShape alone = epilogue_shape(p, 1, 8, 4096);
+  EXPECT_EQ(alone.defer, 0);
+  EXPECT_EQ(alone.stages, 3);
+  EXPECT_EQ(epilogue_shape(p, 1, 8, 64 * 1024).stages, 2);
+  EXPECT_EQ(epilogue_shape(p, 2, 8, 4096).defer, 1);
+  EXPECT_EQ(epilogue_shape(p, 2, 8, 4096).stages, 4);
+  EXPECT_EQ(epilogue_shape(p, 8, 8, 4096).defer, 2);
+  EXPECT_LE(epilogue_shape(p, 8, 8, 4096).stages, kEpilogueStageCap);
+  QkEpilogueParams headwise = p;
+  headwise.scope = NormScope::kHeadwise;  // nothing exchanged: nothing deferred
+  EXPECT_EQ(epilogue_shape(headwise, 8, 8, 4096).defer, 0);
+}
+
+TEST(EpiloguePlan, BlockGrowsWithTheRowUpToTheCap) {
+  QkEpilogueParams p = aligned_params();
+  p.num_q_heads = 1;
+  p.num_kv_heads = 1;
+  EXPECT_EQ(epilogue_shape(p, 1, 8, 0).threads, kEpilogueMinThreads);
+  p.num_q_heads = 40;
+  p.num_kv_heads = 40;  // 15360 elements: 1920 vectors
+  EXPECT_EQ(epilogue_shape(p, 1, 8, 0).threads, kEpilogueBlockCap);
+}
+
+TEST(EpiloguePlan, ItemsPerHead) {
+  QkEpilogueParams p = aligned_params();
+  EXPECT_EQ(epilogue_items_per_head(p, 8), 8);  // 8 NeoX pairs of vectors
+  p.rope.rotary_dim = 64;
+  EXPECT_EQ(epilogue_items_per_head(p, 8), 4 + 8);  // 4 pairs, then 8 unrotated vectors
+  p.rope.style = RopeStyle::kGptj;
+  EXPECT_EQ(epilogue_items_per_head(p, 8), 16);  // every vector rotates inside itself
+  EXPECT_EQ(epilogue_items_per_head(p, 1), 32 + 64);
+}
+
+TEST(EpiloguePlan, DivisionByMultiplyIsExactInItsRange) {
+  for (uint32_t d : {1u, 2u, 3u, 7u, 12u, 16u, 96u, 128u, 255u, 1000u}) {
+    const uint32_t m = epilogue_div_magic(d);
+    for (uint32_t n = 0; n < 70000 && static_cast<uint64_t>(n) * d < (uint64_t{1} << 32); ++n) {
+      const uint32_t q = m == 0 ? n : static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> 32);
+      ASSERT_EQ(q, n / d) << n << " / " << d;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace swiftqk

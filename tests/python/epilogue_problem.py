@@ -54,7 +54,8 @@ class Setup:
 
 def bits(t):
     """t's bits as integers of its element size (NaN patterns compare equal to themselves)."""
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(ints[t.element_size()])
 
 
 class Problem:

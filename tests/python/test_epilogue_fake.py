@@ -106,7 +106,8 @@ BAD = {
                             "v_cache has dtype"),
     "cache heads": (_two((3, 16, 4, 64), **BF16), "k_cache is [3, 16, 4, 64] in layout NHD but k "
                     "has 2 KV heads"),
-    "HND as NHD": (dict(base=dict(layout="HND"), kv_layout="NHD"), "in layout NHD but k has 2 KV heads"),
+    "HND as NHD": (dict(base=dict(layout="HND"), kv_layout="NHD"),
+                   "in layout NHD but k has 2 KV heads"),
     "cache head_dim stride": (dict(k_cache=torch.empty(3, 16, 2, 128, **BF16)[..., ::2],
                                    v_cache=torch.empty(3, 16, 2, 128, **BF16)[..., ::2]),
                               "k_cache's last dimension (head_dim) must have stride 1"),

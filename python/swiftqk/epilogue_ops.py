@@ -49,13 +49,15 @@ def _row_stride(t):
 
 def _check_dtype(name, t):
     torch._check(t.dtype in _DTYPE_NAMES, lambda: (
-        f"{_P}{name} has dtype {_c10(t.dtype)}; expected bfloat16, float16, float8_e4m3fn or float32"))
+        f"{_P}{name} has dtype {_c10(t.dtype)}; expected bfloat16, float16, float8_e4m3fn or "
+        "float32"))
 
 
 def _check_scale(name, s, q):
     if s is None:
         return
-    torch._check(s.device == q.device, lambda: f"{_P}{name} is on {s.device} but q is on {q.device}")
+    torch._check(s.device == q.device, lambda: (
+        f"{_P}{name} is on {s.device} but q is on {q.device}"))
     torch._check(s.dtype == torch.float32 and s.numel() == 1, lambda: (
         f"{_P}{name} must be a float32 tensor of one element, got {_c10(s.dtype)} {_shape(s)}"))
 

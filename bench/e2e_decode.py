@@ -15,6 +15,12 @@ batch is captured into a CUDA graph and replayed; TPOT = one replay.
 Methods: swiftqk, minimax_fused (the fused kernel), all_gather, minimax_eager (torch
 collectives), and at TP 1 "plain" (torch.nn.functional.rms_norm, the single-GPU baseline).
 On CPU (--device cpu, tiny shapes) it runs eagerly as a smoke test.
+
+--fused-epilogue (GPU): the swiftqk method's QK-norm, RoPE and KV-cache write become one
+swiftqk.qk_epilogue call per layer (rows named "swiftqk_epilogue"). Its cache is the same dense
+[batch, kv_heads, context, head_dim] tensor the other methods use, seen as a paged HND cache with
+one block of `context` slots per sequence (block table: sequence b -> block b), so attention
+reads the same bytes; the new token takes the last slot of its sequence's block, as elsewhere.
 """
 
 import argparse
@@ -41,8 +47,17 @@ MODELS = {**model_shapes.decoder_shapes(), "tiny": (256, 8, 8, 32, 512, 1e-6, "o
 _KV_CACHES = {}
 
 
+def rope_table(positions, rotary_dim, device):
+    """A real rotary table (base 10000) as qk_epilogue takes it: [positions, rotary_dim], the
+    cos half then the sin half of each row."""
+    inv = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    f = torch.arange(positions, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cat([f.cos(), f.sin()], dim=-1).float().to(device)
+
+
 class Layer(torch.nn.Module):
-    def __init__(self, cfg, method, comm, group, rank, world, batch, ctx, dtype, device):
+    def __init__(self, cfg, method, comm, group, rank, world, batch, ctx, dtype, device,
+                 fused_epilogue=False, cos_sin=None):
         super().__init__()
         from swiftqk.tp_attention import TPAttention
 
@@ -72,6 +87,11 @@ class Layer(torch.nn.Module):
             _KV_CACHES[key] = (torch.randn(*key[:4], dtype=dtype, device=device),
                                torch.randn(*key[:4], dtype=dtype, device=device))
         self.k_cache, self.v_cache = _KV_CACHES[key]
+        self.fused = fused_epilogue and method == "swiftqk"
+        if self.fused:  # the cache as HND blocks of ctx slots, sequence b in block b
+            self.cos_sin = cos_sin
+            self.positions = torch.full((batch,), ctx - 1, dtype=torch.int64, device=device)
+            self.slots = torch.arange(batch, dtype=torch.int64, device=device) * ctx + ctx - 1
 
     def forward(self, x, cos, sin):
         b = x.shape[0]
@@ -79,13 +99,23 @@ class Layer(torch.nn.Module):
         a = self.attn
         qkv = (h @ a.w_qkv.T).reshape(b, -1)
         q, k, v = torch.split(qkv, a.widths, dim=-1)
-        q, k = a.norm(q, k)
-        q = q.view(b, a.h, 1, a.d)
-        k = k.view(b, a.hkv, 1, a.d)
-        q = q * cos + torch.cat((-q[..., a.d // 2:], q[..., :a.d // 2]), -1) * sin
-        k = k * cos + torch.cat((-k[..., a.d // 2:], k[..., :a.d // 2]), -1) * sin
-        self.k_cache[:, :, -1:].copy_(k)  # the new token takes the last cache position
-        self.v_cache[:, :, -1:].copy_(v.reshape(b, a.hkv, 1, a.d))
+        if self.fused:
+            import swiftqk
+
+            swiftqk.qk_epilogue(q, k, v, q_weight=a.norm.q_weight, k_weight=a.norm.k_weight,
+                                positions=self.positions, cos_sin_cache=self.cos_sin,
+                                k_cache=self.k_cache, v_cache=self.v_cache,
+                                slot_mapping=self.slots, comm=a.norm.comm, head_dim=a.d,
+                                eps=self.eps, order=a.norm.order, kv_layout="HND")
+            q = q.view(b, a.h, 1, a.d)  # normalised and rotated in place
+        else:
+            q, k = a.norm(q, k)
+            q = q.view(b, a.h, 1, a.d)
+            k = k.view(b, a.hkv, 1, a.d)
+            q = q * cos + torch.cat((-q[..., a.d // 2:], q[..., :a.d // 2]), -1) * sin
+            k = k * cos + torch.cat((-k[..., a.d // 2:], k[..., :a.d // 2]), -1) * sin
+            self.k_cache[:, :, -1:].copy_(k)  # the new token takes the last cache position
+            self.v_cache[:, :, -1:].copy_(v.reshape(b, a.hkv, 1, a.d))
         kk, vv = self.k_cache, self.v_cache
         if a.hkv != a.h:
             kk = kk.repeat_interleave(a.h // a.hkv, dim=1)
@@ -111,8 +141,10 @@ def run(args, method, batch, ctx, rank, world, group, comm, device):
     _KV_CACHES.clear()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    layers = [Layer(cfg, method, comm, group, rank, world, batch, ctx, dtype, device)
-              for _ in range(args.layers or cfg[7])]
+    fused = args.fused_epilogue and method == "swiftqk"
+    cos_sin = rope_table(ctx, cfg[3], device) if fused else None
+    layers = [Layer(cfg, method, comm, group, rank, world, batch, ctx, dtype, device, fused,
+                    cos_sin) for _ in range(args.layers or cfg[7])]
     x = torch.randn(batch, cfg[0], dtype=dtype, device=device)
     hd = cfg[3]
     cos = torch.ones(1, 1, 1, hd, dtype=dtype, device=device) * 0.6
@@ -152,8 +184,8 @@ def run(args, method, batch, ctx, rank, world, group, comm, device):
             times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
     tpot = statistics.median(times)
-    return {"method": method, "model": args.model, "tp": world, "batch": batch, "context": ctx,
-            "layers": len(layers), "tpot_ms": tpot,
+    return {"method": "swiftqk_epilogue" if fused else method, "model": args.model, "tp": world,
+            "batch": batch, "context": ctx, "layers": len(layers), "tpot_ms": tpot,
             "p99_ms": times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)],
             "tokens_per_s": batch / tpot * 1e3, "device": str(device)}
 
@@ -168,7 +200,14 @@ def main():
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--json", default="")
+    ap.add_argument("--fused-epilogue", action="store_true",
+                    help="swiftqk: QK-norm + RoPE + KV-cache write in one swiftqk.qk_epilogue "
+                         "call (rows 'swiftqk_epilogue'; GPU only)")
     args = ap.parse_args()
+    if args.fused_epilogue and args.device != "cuda":
+        ap.error("--fused-epilogue needs --device cuda (the epilogue is a CUDA kernel)")
+    if args.fused_epilogue and "swiftqk" not in args.methods.split(","):
+        ap.error("--fused-epilogue changes the swiftqk method: add swiftqk to --methods")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) \
@@ -189,6 +228,10 @@ def main():
 
         comm = (swiftqk.communicator_from_group(group, device.index) if world > 1
                 else swiftqk.create_local_group([device.index])[0])
+        if args.fused_epilogue and not isinstance(comm, swiftqk.Communicator):
+            print(f"e2e_decode.py: --fused-epilogue needs CUDA P2P between the ranks, which this "
+                  f"group lacks ({comm.reason})")
+            return 2
     rows, combos = [], [(m, b, c) for m in methods for b in map(int, args.batch.split(","))
                         for c in map(int, args.context.split(","))]
     for i, (m, b, c) in enumerate(combos):
@@ -199,7 +242,7 @@ def main():
         r = run(args, m, b, c, rank, world, group, comm, device)
         rows.append(r)
         if rank == 0:
-            print(f"[{i + 1}/{len(combos)}] {m:<13} batch {b:>4} ctx {c:>5}: TPOT "
+            print(f"[{i + 1}/{len(combos)}] {r['method']:<16} batch {b:>4} ctx {c:>5}: TPOT "
                   f"{r['tpot_ms']:8.3f} ms (p99 {r['p99_ms']:.3f}), {r['tokens_per_s']:9.0f} tok/s",
                   flush=True)
     if rank == 0 and args.json:

@@ -1,6 +1,7 @@
 // PyTorch binding: the schema-registered custom op torch.ops.swiftqk.qk_norm (its CUDA kernel;
 // the fake kernel that checks shapes, dtypes and devices for torch.compile and meta tensors is
-// registered in Python, swiftqk/ops.py) and the communicator classes for Python.
+// registered in Python, swiftqk/ops.py) and the communicator classes for Python. The fused QK
+// epilogue's op is swiftqk_epilogue_torch.cpp.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -10,11 +11,10 @@
 #include <torch/version.h>
 
 #include <memory>
-#include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
+#include "communicator_registry.hpp"
 #include "swiftqk/communicator.hpp"
 #include "swiftqk/error.hpp"
 
@@ -22,39 +22,8 @@ namespace py = pybind11;
 
 namespace {
 
-// Live communicators created from Python. The op receives a communicator as an int (a schema
-// can carry no custom class here); the registry turns a stale or forged value into an error
-// instead of a crash.
-std::mutex g_registry_mutex;
-std::set<const swiftqk::Communicator*> g_registry;
-
-class PyCommunicator {
- public:
-  explicit PyCommunicator(swiftqk::Communicator c)
-      : comm_(std::make_unique<swiftqk::Communicator>(std::move(c))) {
-    std::lock_guard<std::mutex> lock(g_registry_mutex);
-    g_registry.insert(comm_.get());
-  }
-  ~PyCommunicator() {
-    std::lock_guard<std::mutex> lock(g_registry_mutex);
-    g_registry.erase(comm_.get());
-  }
-  PyCommunicator(const PyCommunicator&) = delete;
-  PyCommunicator& operator=(const PyCommunicator&) = delete;
-  swiftqk::Communicator& get() { return *comm_; }
-  int64_t handle() const { return reinterpret_cast<int64_t>(comm_.get()); }
-
- private:
-  std::unique_ptr<swiftqk::Communicator> comm_;
-};
-
-swiftqk::Communicator& communicator_of(int64_t handle) {
-  auto* c = reinterpret_cast<swiftqk::Communicator*>(handle);
-  std::lock_guard<std::mutex> lock(g_registry_mutex);
-  TORCH_CHECK(g_registry.count(c) == 1,
-              "swiftqk.qk_norm: comm is not a live swiftqk Communicator handle");
-  return *c;
-}
+using swiftqk_torch::communicator_of;
+using swiftqk_torch::PyCommunicator;
 
 swiftqk::DType dtype_of(const at::Tensor& t, const char* name) {
   switch (t.scalar_type()) {
@@ -101,7 +70,7 @@ void qk_norm_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_
                   const at::Tensor& k_weight, at::Tensor& q_out, at::Tensor& k_out, int64_t comm,
                   int64_t q_full_width, int64_t k_full_width, double eps, int64_t order,
                   int64_t method, double q_scale, double k_scale, bool pdl, bool deterministic) {
-  swiftqk::Communicator& c = communicator_of(comm);
+  swiftqk::Communicator& c = communicator_of(comm, "swiftqk.qk_norm");
   TORCH_CHECK(q.size(0) == k.size(0), "swiftqk.qk_norm: q has ", q.size(0), " tokens, k ",
               k.size(0));
   TORCH_CHECK(q.device().index() == c.device(),

@@ -1,4 +1,5 @@
-"""The decode harness runs end to end (CPU, tiny shapes, torch methods) and reports sane rows."""
+"""The decode harness runs end to end (CPU, tiny shapes, torch methods; on a GPU, the swiftqk
+method with and without the fused epilogue) and reports sane rows."""
 
 import json
 import os
@@ -21,4 +22,22 @@ def test_decode_harness_cpu_smoke(tmp_path):
     assert {(r["method"], r["batch"]) for r in rows} == {
         (m, b) for m in ("all_gather", "minimax_eager", "plain") for b in (1, 2)}
     for r in rows:
+        assert 0 < r["tpot_ms"] <= r["p99_ms"] and r["tokens_per_s"] > 0
+
+
+def test_decode_harness_fused_epilogue_gpu(tmp_path):
+    pytest.importorskip("torch")
+    from conftest import cuda_or_skip, swiftqk_or_skip
+
+    swiftqk_or_skip()
+    cuda_or_skip()
+    rows = {}
+    for flags in ([], ["--fused-epilogue"]):
+        out = tmp_path / f"e2e{len(rows)}.json"
+        subprocess.run([sys.executable, HARNESS, "--model", "tiny", "--layers", "2", "--batch",
+                        "1,4", "--context", "64", "--iters", "5", "--methods", "swiftqk",
+                        "--json", str(out)] + flags, check=True, timeout=300)
+        rows.update({(r["method"], r["batch"]): r for r in json.loads(out.read_text())})
+    assert set(rows) == {(m, b) for m in ("swiftqk", "swiftqk_epilogue") for b in (1, 4)}
+    for r in rows.values():
         assert 0 < r["tpot_ms"] <= r["p99_ms"] and r["tokens_per_s"] > 0

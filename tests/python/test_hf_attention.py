@@ -1,7 +1,8 @@
 """A TP attention block built on this package against Hugging Face transformers' Olmo2Attention
 (Olmo2 norm order) and OlmoeAttention (Llama order) run on the unsharded weights, with small
 random weights (nothing downloaded). On CPU: the torch methods over gloo processes. On a GPU:
-the fused methods too, with ranks as processes sharing the GPU through CUDA IPC."""
+the fused methods too, and the fused epilogue writing a paged KV cache, with ranks as processes
+sharing the GPU through CUDA IPC."""
 
 import os
 import sys
@@ -42,7 +43,17 @@ def _hf_layer(kind, dtype, device):
     return cfg, attn.to(dtype=dtype, device=device).eval(), rope.to(device)
 
 
-def _run(rank, world, rendezvous, kind, method, dtype_name, device_kind, results):
+def _rope_table(rope, x, head_dim, max_position=64):
+    """The rotary embedding's own table as qk_epilogue takes it: [max_position, head_dim], the
+    cos half then the sin half of each row (HF's cos and sin are each those halves twice)."""
+    pos = torch.arange(max_position, device=x.device)[None]
+    cos, sin = rope(x.float(), pos)  # fp32, as the rotary embedding computes them
+    half = head_dim // 2
+    return torch.cat([cos[0, :, :half], sin[0, :, :half]], dim=-1).contiguous()
+
+
+def _run(rank, world, rendezvous, kind, method, dtype_name, device_kind, results,
+         fused_epilogue=False):
     sys.path.insert(0, os.path.dirname(__file__))
     import swiftqk
     from swiftqk.tp_attention import TPAttention
@@ -67,13 +78,20 @@ def _run(rank, world, rendezvous, kind, method, dtype_name, device_kind, results
             comm = None
             if method in ("swiftqk", "minimax_fused"):
                 comm = swiftqk.communicator_from_group(dist.group.WORLD, device=gpu, timeout_s=30.0)
+            head_dim = cfg.hidden_size // cfg.num_attention_heads
+            fused = dict(fused_epilogue=True, cos_sin_cache=_rope_table(rope, x, head_dim)) \
+                if fused_epilogue else {}
             tp = TPAttention(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
                              attn.o_proj.weight, attn.q_norm.weight, attn.k_norm.weight,
-                             cfg.num_attention_heads, cfg.num_key_value_heads,
-                             cfg.hidden_size // cfg.num_attention_heads, cfg.rms_norm_eps,
-                             "olmo2" if kind == "olmo2" else "llama", comm, method,
-                             dist.group.WORLD)
-            out = tp(x, cos.to(dtype), sin.to(dtype))
+                             cfg.num_attention_heads, cfg.num_key_value_heads, head_dim,
+                             cfg.rms_norm_eps, "olmo2" if kind == "olmo2" else "llama", comm,
+                             method, dist.group.WORLD, **fused)
+            if fused_epilogue:  # K and V go through a paged cache of 3 blocks per sequence
+                cache = swiftqk.PagedKVCache(2, 12, tp.hkv, head_dim, block_size=4, dtype=dtype,
+                                             device=device)
+                out = tp(x, positions=pos, kv_cache=cache)
+            else:
+                out = tp(x, cos.to(dtype), sin.to(dtype))
         # fp32: close to HF; bf16: within a few bf16 ulps of the output's scale.
         tol = 2e-5 if dtype == torch.float32 else 3e-2
         err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
@@ -82,11 +100,11 @@ def _run(rank, world, rendezvous, kind, method, dtype_name, device_kind, results
         dist.destroy_process_group()
 
 
-def _check(world, kind, method, dtype_name, device_kind):
+def _check(world, kind, method, dtype_name, device_kind, fused_epilogue=False):
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_run, args=(world, init_method(), kind, method, dtype_name, device_kind, results),
-             nprocs=world)
+    mp.spawn(_run, args=(world, init_method(), kind, method, dtype_name, device_kind, results,
+                         fused_epilogue), nprocs=world)
     bad = {r: v for r, v in results.items() if isinstance(v, str)}
     assert not bad and len(results) == world, bad
 
@@ -108,3 +126,14 @@ def test_fused_matches_hf_on_gpu(kind, world, method, dtype_name):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU on this machine: GPU test skipped")
     _check(world, kind, method, dtype_name, "cuda")
+
+
+@pytest.mark.parametrize("kind", ["olmo2", "olmoe"])
+@pytest.mark.parametrize("world", [1, 2])
+def test_fused_epilogue_matches_hf_on_gpu(kind, world):
+    # TPAttention(fused_epilogue=True): norm, RoPE and the paged KV-cache write in one
+    # swiftqk.qk_epilogue call, attention reading K and V back from the cache.
+    swiftqk_or_skip()
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine: GPU test skipped")
+    _check(world, kind, "swiftqk", "bfloat16", "cuda", fused_epilogue=True)

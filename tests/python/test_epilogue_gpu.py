@@ -265,8 +265,7 @@ def test_torch_compile_fullgraph(sq):
     assert torch.equal(a, c) and torch.equal(b, d)
     assert torch.equal(bits(compiled.k_cache), bits(eager.k_cache))
     assert torch.equal(bits(compiled.v_cache), bits(eager.v_cache))
-    eager.q_out, eager.k_out = c / 2.0, d - 1.0  # what the op wrote, for the float64 check
-    assert eager.check() == []
+    assert eager.check() == []  # the op wrote the rank's own outputs (d - 1 would round in bf16)
 
 
 def test_bad_arguments_raise_before_writing(sq):

@@ -1,12 +1,11 @@
 // Device and kernel properties, asked of CUDA once per key and cached behind a mutex.
-#include "device_query.hpp"
-
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
 
 #include "cuda_check.hpp"
+#include "device_query.hpp"
 #include "swiftqk/error.hpp"
 
 namespace swiftqk::detail {

@@ -3,6 +3,8 @@
 
 namespace swiftqk::detail {
 
-EpilogueFn pick_epilogue_kernel_bf16(const EpilogueKey& k) { return pick_epilogue_for<__nv_bfloat16>(k); }
+EpilogueFn pick_epilogue_kernel_bf16(const EpilogueKey& k) {
+  return pick_epilogue_for<__nv_bfloat16>(k);
+}
 
 }  // namespace swiftqk::detail

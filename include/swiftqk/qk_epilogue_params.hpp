@@ -81,7 +81,7 @@ struct QkEpilogueParams {
   /// [tokens, num_q_heads * head_dim]; may be q itself (in place) when q_out_dtype == dtype.
   void* q_out = nullptr;
   int64_t q_out_stride = 0;
-  DType q_out_dtype = DType::kBF16;  ///< the model dtype, or kF8E4M3 (stored = value / scale)
+  DType q_out_dtype = DType::kBF16;    ///< the model dtype, or kF8E4M3 (stored = value / scale)
   const float* q_out_scale = nullptr;  ///< device scalar; fp8 q_out only
   /// Optional [tokens, num_kv_heads * head_dim] in the model dtype: the normalised, rotated K
   /// (for attention backends that read this step's K from a tensor); may be k itself.

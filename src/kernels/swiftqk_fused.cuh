@@ -168,8 +168,8 @@ __device__ __forceinline__ int slot_token_words(const Args& a) {
   return (L == SlotLayout::kTokenMajor ? a.world : 1) * kSlotWords;
 }
 template <SlotLayout L, class Args>
-__device__ inline ExchangeLane exchange_lane(const Args& a, const RankArgs& ra, int bank,
-                                             int sl, uint8_t* peer_ws) {
+__device__ inline ExchangeLane exchange_lane(const Args& a, const RankArgs& ra, int bank, int sl,
+                                             uint8_t* peer_ws) {
   ExchangeLane e;
   if (sl < a.world) {
     e.publish = reinterpret_cast<uint64_t*>(peer_ws + slot_base<L>(a, bank, ra.rank));
@@ -196,10 +196,10 @@ __device__ __forceinline__ void publish_partials(const ExchangeLane& e, int toke
 /// several groups (W lanes each), one of which may have no token to collect (want false).
 /// Returns false, in every lane, if the wait failed (recorded for the host).
 template <class Args>
-__device__ inline bool collect_partials(const Args& a, const RankArgs& ra,
-                                        const ExchangeLane& e, int token_words, int world_pow2,
-                                        int t, uint32_t tag, uint32_t ktag, float& q, float& k,
-                                        bool want, int sl, int W, FailNote* note) {
+__device__ inline bool collect_partials(const Args& a, const RankArgs& ra, const ExchangeLane& e,
+                                        int token_words, int world_pow2, int t, uint32_t tag,
+                                        uint32_t ktag, float& q, float& k, bool want, int sl, int W,
+                                        FailNote* note) {
   const bool watch = want && e.watch != nullptr;
   const uint64_t* mine = watch ? e.watch + static_cast<int64_t>(t) * token_words : nullptr;
   uint64_t w0 = 0, w1 = 0;
@@ -255,8 +255,8 @@ __device__ inline bool collect_partials(const Args& a, const RankArgs& ra,
 /// reuse argument in docs/design.md). All G lanes share the stores. Twice per kScrubPeriod calls,
 /// so written for brevity, not speed.
 template <SlotLayout L, class Args>
-__device__ inline void scrub_own_slots(const Args& a, const RankArgs& ra, int bank,
-                                       int first_token, int step, int gt, int G) {
+__device__ inline void scrub_own_slots(const Args& a, const RankArgs& ra, int bank, int first_token,
+                                       int step, int gt, int G) {
   const int64_t tokens =
       first_token < a.capacity ? (a.capacity - first_token + step - 1) / step : 0;
   const int64_t slots = tokens * a.world;
@@ -379,8 +379,8 @@ enum BlockEntry : int {
 /// the call number of the claim in *call. A failure is noted in *note.
 template <class Args>
 __device__ __forceinline__ int claim_rank_at_entry(const Args& a, const RankArgs& ra, int lblock,
-                                          unsigned long long claim_seen, FailNote* note,
-                                          uint32_t* call) {
+                                                   unsigned long long claim_seen, FailNote* note,
+                                                   uint32_t* call) {
   // The fault word is read only now, after the weights' and rows' copies are issued: its value
   // is needed at once, so read any earlier it would hold this warp's copies back.
   const bool failed_at_entry = group_failed(ra, a.world, a.capacity);

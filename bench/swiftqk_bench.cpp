@@ -20,6 +20,7 @@
 
 #include "bench_common.hpp"
 #include "copy_kernel.hpp"
+#include "fuzz_shapes.hpp"
 #include "problem.hpp"
 
 extern char** environ;
@@ -187,6 +188,74 @@ int run_single_process(const Sweep& sw, const std::vector<int>& tps) {
       }
     }
   }
+  return finish(sw, all, total_wrong);
+}
+
+// --fuzz-shapes: each random point at TP 1 and at its TP degree on the same problem, verified
+// then timed; then the worst points three ways: TP N against its own TP 1 (from 4096 tokens, and
+// in microseconds at 64 tokens or fewer) and TP 1 against the copy bandwidth (from 4096 tokens).
+int run_fuzz(const Sweep& sw, const std::vector<FuzzPoint>& points, uint64_t seed) {
+  const Options& o = sw.options;
+  cudaStream_t s;
+  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double copy_bw = copy_gbps(o, s);
+  std::printf("device %s, copy bandwidth %.0f GB/s (read + write); %zu fuzz points, seed %llu\n",
+              device_name().c_str(), copy_bw, points.size(), static_cast<unsigned long long>(seed));
+  json all = json::array();
+  int64_t total_wrong = 0;
+  struct Pair {
+    int index;
+    double tp1_us, tpn_us, tp1_frac;
+  };
+  std::vector<Pair> pairs;
+  print_header();
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const FuzzPoint& f = points[i];
+    const Model m{"fuzz-" + std::to_string(i), f.q_width, f.k_width, 1e-6f, f.order};
+    Problem p = Problem::random(f.tokens, f.q_width, f.k_width, f.dtype, f.order, m.eps,
+                                seed * 1000003 + i);
+    double us[2] = {0, 0}, frac = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      const int tp = pass == 0 ? 1 : f.tp;
+      json j = run_method(o, Method::kSwiftQK, m, tp, p, copy_bw, s);
+      j["fuzz_point"] = static_cast<int>(i);
+      j["fuzz_seed"] = seed;
+      us[pass] = j["median_us"].get<double>();
+      if (pass == 0) frac = j["frac_of_copy"].get<double>();
+      total_wrong += j["wrong"].get<int64_t>();
+      print_row(j);
+      record(sw, all, std::move(j));
+    }
+    pairs.push_back({static_cast<int>(i), us[0], us[1], frac});
+  }
+  auto table = [&](const char* title, auto keep, auto worse, auto value, const char* unit) {
+    std::vector<Pair> v;
+    for (const Pair& x : pairs) {
+      if (keep(points[x.index])) v.push_back(x);
+    }
+    std::sort(v.begin(), v.end(), worse);
+    std::printf("\nworst 10, %s (%zu points):\n", title, v.size());
+    for (std::size_t r = 0; r < v.size() && r < 10; ++r) {
+      std::printf("  %8.3f %s  TP1 %8.2f us  TPN %8.2f us  %s\n", value(v[r]), unit, v[r].tp1_us,
+                  v[r].tpn_us, describe(points[v[r].index]).c_str());
+    }
+  };
+  table(
+      "TP N / TP 1 from 4096 tokens",
+      [](const FuzzPoint& f) { return f.tokens >= 4096; },
+      [](const Pair& a, const Pair& b) { return a.tpn_us / a.tp1_us > b.tpn_us / b.tp1_us; },
+      [](const Pair& x) { return x.tpn_us / x.tp1_us; }, "x   ");
+  table(
+      "TP N - TP 1 at 64 tokens or fewer",
+      [](const FuzzPoint& f) { return f.tokens <= 64; },
+      [](const Pair& a, const Pair& b) { return a.tpn_us - a.tp1_us > b.tpn_us - b.tp1_us; },
+      [](const Pair& x) { return x.tpn_us - x.tp1_us; }, "us  ");
+  table(
+      "TP 1 share of copy bandwidth from 4096 tokens",
+      [](const FuzzPoint& f) { return f.tokens >= 4096; },
+      [](const Pair& a, const Pair& b) { return a.tp1_frac < b.tp1_frac; },
+      [](const Pair& x) { return 100.0 * x.tp1_frac; }, "%   ");
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s));
   return finish(sw, all, total_wrong);
 }
 
@@ -358,6 +427,15 @@ int main(int argc, char** argv) {
                        [&](const Model& m) { return m.name == n; });
   };
   app.add_flag("--list-models", list_models, "print the model shapes and exit");
+  int fuzz_shapes = 0;
+  uint64_t fuzz_seed = 1;
+  bool fuzz_list = false;
+  last(app.add_option("--fuzz-shapes", fuzz_shapes,
+                      "shape fuzz: N random (widths, dtype, order, TP, tokens) points, each at TP "
+                      "1 and at its TP, verified then timed; prints the worst ones (0: off)")
+           ->check(CLI::Range(0, 100000)));
+  last(app.add_option("--seed", fuzz_seed, "the shape fuzz's seed")->capture_default_str());
+  app.add_flag("--fuzz-list", fuzz_list, "print the shape fuzz's points and exit");
   app.add_option("--models", models, "model shapes by name (comma separated)")
       ->delimiter(',')
       ->check(one_of("model", model_names, known_model));
@@ -500,6 +578,13 @@ int main(int argc, char** argv) {
     std::printf("%s", describe_models().c_str());
     return 0;
   }
+  const std::vector<FuzzPoint> fuzz = fuzz_points(fuzz_shapes, fuzz_seed);
+  if (fuzz_list) {
+    for (std::size_t i = 0; i < fuzz.size(); ++i) {
+      std::printf("%zu %s\n", i, describe(fuzz[i]).c_str());
+    }
+    return 0;
+  }
   for (const auto& d : dtypes) sw.dtypes.push_back(parse_dtype(d));
   for (const auto& m : methods) sw.methods.push_back(parse_method(m));
   sw.tokens = tokens;
@@ -515,6 +600,7 @@ int main(int argc, char** argv) {
     if (rank >= 0) return run_rank(sw, rank, world, rendezvous);
     if (procs > 1) return spawn_ranks(argc, argv, procs);
     if (soak > 0) return run_soak(sw, tps.at(0), soak);
+    if (!fuzz.empty()) return run_fuzz(sw, fuzz, fuzz_seed);
     return run_single_process(sw, tps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "swiftqk_bench: %s\n", e.what());

@@ -141,3 +141,37 @@ def test_without_a_gpu_valid_arguments_run_the_self_check_and_exit_0():
     r = _run("--tp", "1,2", "--tokens", "16")
     assert r.returncode == 0, r.stderr
     assert "no CUDA GPU" in r.stdout and "ok" in r.stdout
+
+
+def _fuzz_list(n, seed):
+    r = _run("--fuzz-shapes", str(n), "--seed", str(seed), "--fuzz-list")
+    assert r.returncode == 0, r.stderr
+    points = []
+    for line in r.stdout.splitlines():
+        f = line.split()
+        # "i q Q k K dtype order tp N tokens T"
+        points.append(dict(q=int(f[2]), k=int(f[4]), dtype=f[5], order=f[6], tp=int(f[8]),
+                           tokens=int(f[10])))
+    return points
+
+
+def test_fuzz_points_follow_the_issue_ranges_and_the_seed():
+    points = _fuzz_list(400, 11)
+    assert len(points) == 400
+    for p in points:
+        assert p["tp"] in (2, 4, 8)
+        for w in (p["q"], p["k"]):
+            assert 256 <= w <= 16384 and w % (8 * p["tp"]) == 0, p
+        assert 1 <= p["tokens"] <= 20000
+    # Every dtype and order, TP degree, and both ends of the token range appear.
+    assert {p["dtype"] for p in points} == {"bf16", "f16", "f32", "f8e4m3"}
+    assert {p["order"] for p in points} == {"olmo2", "llama"}
+    assert {p["tp"] for p in points} == {2, 4, 8}
+    assert min(p["tokens"] for p in points) <= 3 and max(p["tokens"] for p in points) >= 5000
+    assert _fuzz_list(400, 11) == points  # a seed names one list
+    assert _fuzz_list(400, 12) != points
+
+
+def test_fuzz_shapes_refuses_a_negative_count():
+    r = _run("--fuzz-shapes", "-1")
+    assert r.returncode != 0 and "--fuzz-shapes" in (r.stdout + r.stderr)

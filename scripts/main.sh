@@ -3,9 +3,9 @@
 # virtual ranks on one GPU; with several GPUs also one process per GPU against the baselines).
 # Without a GPU it says so and runs the float64 reference self-check.
 # Extra arguments go to the benchmark on every machine (a bad one stops it with a message).
-# Results: results/latest.json (latest_procs.json with several GPUs, latest_torch.json when
-# PyTorch is there; on an H200 compare_baseline.md, the run against bench/baselines/h200.json),
-# in the git-ignored folder results/.
+# Results: results/latest.json and latest_epilogue.json (latest_procs.json with several GPUs,
+# latest_torch.json when PyTorch is there; on an H200 compare_baseline.md, the run against
+# bench/baselines/h200.json), in the git-ignored folder results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -32,6 +32,10 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep H200 >/dev/null; the
   echo "against bench/baselines/h200.json (table: results/compare_baseline.md):"
   tail -n 2 results/compare_baseline.md
 fi
+# The fused QK epilogue against the unfused chain, each point verified first (the extra
+# arguments are swiftqk_bench's, so they do not go here).
+./build/bench/swiftqk_epilogue_bench --tokens 1,64,4096 --tp 1,2,8 --cache bf16 --commit "$commit" \
+  --json results/latest_epilogue.json
 ngpu=$(nvidia-smi -L | wc -l)
 if [ "$ngpu" -gt 1 ]; then  # one process per GPU: real inter-GPU exchange, every method
   ./build/bench/swiftqk_bench --procs "$ngpu" --commit "$commit" \

@@ -226,17 +226,8 @@ void launch_impl(const std::vector<Communicator*>& comms,
     for (std::size_t r = 0; r < comms.size(); ++r) {
       a.r[r] = rank_args_for(comms[r]->state(), params[r], first);
     }
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(grid.blocks_per_rank * ranks));
-    cfg.blockDim = dim3(static_cast<unsigned>(shape.threads));
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    SWIFTQK_CUDA_TRY(cudaLaunchKernelEx(&cfg, fn, a));
+    detail::launch_kernel(fn, dim3(static_cast<unsigned>(grid.blocks_per_rank * ranks)),
+                          shape.threads, smem, stream, a, pdl);
   }
   for (Communicator* c : comms) c->state().end_launch(stream, capturing);
 }

@@ -26,23 +26,6 @@ using detail::LaunchArgs;
 using detail::max_blocks_per_sm;
 using detail::sm_count;
 
-// One launch of a fused kernel, with the programmatic-serialization attribute when asked (the
-// kernel's griddepcontrol.wait then orders it after the previous kernel's memory operations).
-void launch_fused(KernelFn fn, dim3 grid, int block, std::size_t smem, cudaStream_t stream,
-                  const LaunchArgs& a, bool pdl) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(block);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  SWIFTQK_CUDA_TRY(cudaLaunchKernelEx(&cfg, fn, a));
-}
-
 template <typename T>
 const T* advance(const void* p, int64_t elems, std::size_t size) {
   return reinterpret_cast<const T*>(static_cast<const uint8_t*>(p) + elems * size);
@@ -284,8 +267,8 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     for (std::size_t r = 0; r < comms.size(); ++r) {
       a.r[r] = detail::rank_args_for(comms[r]->state(), params[r], c.first_token);
     }
-    launch_fused(kernels.of(vpt, c.orders), c.grid.grid(), plan.shape.block_threads(),
-                 plan.smem_bytes, stream, a, pdl);
+    detail::launch_kernel(kernels.of(vpt, c.orders), c.grid.grid(), plan.shape.block_threads(),
+                          plan.smem_bytes, stream, a, pdl);
   }
   for (Communicator* c : comms) c->state().end_launch(stream, capturing);
 }

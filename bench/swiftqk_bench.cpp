@@ -241,13 +241,11 @@ int run_fuzz(const Sweep& sw, const std::vector<FuzzPoint>& points, uint64_t see
     }
   };
   table(
-      "TP N / TP 1 from 4096 tokens",
-      [](const FuzzPoint& f) { return f.tokens >= 4096; },
+      "TP N / TP 1 from 4096 tokens", [](const FuzzPoint& f) { return f.tokens >= 4096; },
       [](const Pair& a, const Pair& b) { return a.tpn_us / a.tp1_us > b.tpn_us / b.tp1_us; },
       [](const Pair& x) { return x.tpn_us / x.tp1_us; }, "x   ");
   table(
-      "TP N - TP 1 at 64 tokens or fewer",
-      [](const FuzzPoint& f) { return f.tokens <= 64; },
+      "TP N - TP 1 at 64 tokens or fewer", [](const FuzzPoint& f) { return f.tokens <= 64; },
       [](const Pair& a, const Pair& b) { return a.tpn_us - a.tp1_us > b.tpn_us - b.tp1_us; },
       [](const Pair& x) { return x.tpn_us - x.tp1_us; }, "us  ");
   table(

@@ -54,7 +54,9 @@ struct CacheDim {
 // elements one cache spans (its largest offset + 1). Sufficient condition, which every real
 // layout (NHD, HND, padded) meets: the dimensions taking more than one index, sorted by stride,
 // nest, each stride at least the span (stride x extent) of the one below it.
-int64_t cache_span_elements(const PagedKvCache& c, int64_t kv_heads, int64_t head_dim) {
+// The cache's dimensions that take more than one index (a single index never collides with
+// itself), innermost (smallest stride) first.
+std::vector<CacheDim> cache_dims(const PagedKvCache& c, int64_t kv_heads, int64_t head_dim) {
   // Innermost first, so that on equal strides the message blames the outer dimension.
   const std::array<CacheDim, 4> all = {{
       {"1 (the element stride)", "head_dim", 1, head_dim},
@@ -64,10 +66,15 @@ int64_t cache_span_elements(const PagedKvCache& c, int64_t kv_heads, int64_t hea
   }};
   std::vector<CacheDim> dims;
   for (const CacheDim& d : all) {
-    if (d.extent > 1) dims.push_back(d);  // a single index never collides with itself
+    if (d.extent > 1) dims.push_back(d);
   }
   std::stable_sort(dims.begin(), dims.end(),
                    [](const CacheDim& a, const CacheDim& b) { return a.stride < b.stride; });
+  return dims;
+}
+
+int64_t cache_span_elements(const PagedKvCache& c, int64_t kv_heads, int64_t head_dim) {
+  const std::vector<CacheDim> dims = cache_dims(c, kv_heads, head_dim);
   for (std::size_t i = 0; i < dims.size(); ++i) {
     const CacheDim& d = dims[i];
     SWIFTQK_EXPECTS(d.stride > 0, std::string("cache geometry: ") + d.stride_name + " is 0 but " +
@@ -101,6 +108,36 @@ int64_t cache_span_elements(const PagedKvCache& c, int64_t kv_heads, int64_t hea
                   "cache.k and cache.v would each span more than 2^50 bytes (the cache's strides "
                   "x extents too large)");
   return static_cast<int64_t>(span);
+}
+
+// Whether `delta` elements is the offset between two addresses of one cache: delta = sum of
+// c_i x stride_i with |c_i| < extent_i over dims[0..n). The dims nest (cache_span_elements
+// checked it), so the lower dims reach less than stride_{n-1} either way and c_{n-1} is delta /
+// stride rounded down or up: at most two branches a dimension.
+bool is_offset_difference(const std::vector<CacheDim>& dims, std::size_t n, int64_t delta) {
+  if (n == 0) return delta == 0;
+  const CacheDim& d = dims[n - 1];
+  int64_t reach = 0;  // the largest |difference| the dims below can make
+  for (std::size_t i = 0; i + 1 < n; ++i) reach += dims[i].stride * (dims[i].extent - 1);
+  const int64_t lo = delta >= 0 ? delta / d.stride : -((-delta + d.stride - 1) / d.stride);
+  for (int64_t c : {lo, lo + 1}) {
+    if (c <= -d.extent || c >= d.extent) continue;
+    const int64_t rest = delta - c * d.stride;
+    if (rest >= -reach && rest <= reach && is_offset_difference(dims, n - 1, rest)) return true;
+  }
+  return false;
+}
+
+// K and V may share a buffer with their elements interleaved (FlashInfer's [num_blocks, 2,
+// block_size, heads, head_dim]): their byte ranges then meet, but no element of one is an
+// element of the other. True when that holds exactly: v - k is whole elements and not the offset
+// between two addresses of the (common) geometry.
+bool caches_interleave_disjointly(const PagedKvCache& c, int64_t kv_heads, int64_t head_dim) {
+  const intptr_t bytes = reinterpret_cast<intptr_t>(c.v) - reinterpret_cast<intptr_t>(c.k);
+  const intptr_t es = static_cast<intptr_t>(dtype_size(c.dtype));
+  if (bytes % es != 0) return false;
+  const std::vector<CacheDim> dims = cache_dims(c, kv_heads, head_dim);
+  return !is_offset_difference(dims, dims.size(), static_cast<int64_t>(bytes / es));
 }
 
 void check_scalars(const QkEpilogueParams& p, int world_size) {
@@ -292,10 +329,14 @@ void validate_epilogue_params(const QkEpilogueParams& p, int world_size) {
       SWIFTQK_EXPECTS(!overlaps(w.extent, rd.extent), wn + " overlaps " + rd.name);
     }
   }
+  const bool kv_interleaved = caches_interleave_disjointly(c, p.num_kv_heads, p.head_dim);
   for (std::size_t i = 0; i < written.size(); ++i) {
     for (std::size_t j = i + 1; j < written.size(); ++j) {
-      SWIFTQK_EXPECTS(!overlaps(written[i].extent, written[j].extent),
-                      std::string(written[i].name) + " and " + written[j].name + " overlap");
+      const bool kv_pair =
+          std::string(written[i].name) == "cache.k" && std::string(written[j].name) == "cache.v";
+      SWIFTQK_EXPECTS(
+          (kv_pair && kv_interleaved) || !overlaps(written[i].extent, written[j].extent),
+          std::string(written[i].name) + " and " + written[j].name + " overlap");
     }
   }
 }

@@ -111,7 +111,9 @@ struct QkEpilogueParams {
 /// (1 to 32): null or misaligned pointers, shapes, strides, dtypes, head alignment, rotary_dim,
 /// the cache geometry (no two (block, slot, head, element) share an address), the fp8 scales,
 /// eps, and overlaps between what is written (q_out, k_out, the extents of the two caches) and
-/// what is read or written elsewhere. Values only the device sees (positions, slots) are checked
+/// what is read or written elsewhere; K and V may interleave in one buffer (FlashInfer's [blocks,
+/// 2, block_size, heads, head_dim]) when no element of one is an element of the other. Values
+/// only the device sees (positions, slots) are checked
 /// by the kernel, which records a bad one as a failure and writes nothing of that token (its Q
 /// output row is NaN): the host raises it, naming the token and the value.
 void validate_epilogue_params(const QkEpilogueParams& p, int world_size);

@@ -605,13 +605,91 @@ TEST_F(ValidateEpilogueTest, CachesMustNotOverlapInputsOrEachOther) {
   EXPECT_TRUE(Rejects(p, "cache.v overlaps k_weight"));
 }
 
-// A cache's extent is its whole byte range, so K and V interleaved block by block (FlashInfer's
-// [num_blocks, 2, block_size, heads, head_dim], whose elements are disjoint) are refused too.
-TEST_F(ValidateEpilogueTest, KAndVInterleavedPerBlockAreRefused) {
+// K and V interleaved block by block in one buffer (FlashInfer's [num_blocks, 2, block_size,
+// heads, head_dim]): their byte ranges meet but no element is shared, which is accepted (V one
+// block further is still disjoint); a V base that lands on any K element is refused, and one
+// between two elements is misaligned.
+TEST_F(ValidateEpilogueTest, KAndVInterleavedPerBlockAreAcceptedWhenDisjoint) {
   QkEpilogueParams p = Valid();
   p.cache.block_stride = 2 * kBlockSize * kKw;
   p.cache.v = at(kCacheK + kBlockSize * kKw * kEs);
-  EXPECT_TRUE(Rejects(p, "cache.k and cache.v overlap"));
+  EXPECT_NO_THROW(validate_epilogue_params(p, kTp));
+  // The HND variant: [num_blocks, 2, heads, block_size, head_dim].
+  p.cache.head_stride = kBlockSize * kHeadDim;
+  p.cache.slot_stride = kHeadDim;
+  EXPECT_NO_THROW(validate_epilogue_params(p, kTp));
+  p = Valid();
+  p.cache.block_stride = 2 * kBlockSize * kKw;
+  p.cache.v = at(kCacheK + 3 * kBlockSize * kKw * kEs);  // the odd half of the next block
+  EXPECT_NO_THROW(validate_epilogue_params(p, kTp));
+  // V on K's own elements: the same base, a head, a slot, a block, a head of the next block on.
+  for (int64_t elements : {int64_t{0}, kHeadDim, kKw, 3 * kKw + 5, 2 * kBlockSize * kKw,
+                           2 * kBlockSize * kKw + kHeadDim}) {
+    p.cache.v = at(kCacheK + elements * kEs);
+    EXPECT_TRUE(Rejects(p, "cache.k and cache.v overlap")) << elements;
+  }
+  p.cache.v = at(kCacheK + kBlockSize * kKw * kEs + 1);  // between two elements
+  EXPECT_TRUE(Rejects(p, "cache.v is not aligned"));
+}
+
+// The interleaving check is exact: against a brute-force intersection of K's and V's element
+// sets, over padded and interleaved geometries and V bases across the whole span.
+TEST_F(ValidateEpilogueTest, InterleavedCachesAcceptedExactlyWhenTheirElementsAreDisjoint) {
+  struct Geometry {
+    int64_t block_stride, slot_stride, head_stride;
+  };
+  const std::vector<Geometry> geometries = {
+      {2 * kBlockSize * kKw, kKw, kHeadDim},                    // NHD, K and V per block
+      {2 * kBlockSize * kKw, kHeadDim, kBlockSize * kHeadDim},  // HND, K and V per block
+      {kBlockSize * (kKw + 64) + 256, kKw + 64, kHeadDim},      // padded slots and blocks
+      {kBlockSize * kKw, kKw, kHeadDim},                        // dense: V must lie outside
+  };
+  constexpr int64_t kFewBlocks = 4;  // a small cache keeps the brute force quick
+  int accepted = 0, refused = 0;
+  for (const Geometry& g : geometries) {
+    QkEpilogueParams p = Valid();
+    p.cache.num_blocks = kFewBlocks;
+    p.cache.block_stride = g.block_stride;
+    p.cache.slot_stride = g.slot_stride;
+    p.cache.head_stride = g.head_stride;
+    const int64_t span = (kFewBlocks - 1) * g.block_stride + (kBlockSize - 1) * g.slot_stride +
+                         (kKvHeads - 1) * g.head_stride + kHeadDim;
+    std::vector<bool> in_k(span, false);
+    std::vector<int64_t> k_elements;
+    for (int64_t b = 0; b < kFewBlocks; ++b)
+      for (int64_t s = 0; s < kBlockSize; ++s)
+        for (int64_t h = 0; h < kKvHeads; ++h)
+          for (int64_t d = 0; d < kHeadDim; ++d) {
+            k_elements.push_back(b * g.block_stride + s * g.slot_stride + h * g.head_stride + d);
+            in_k[k_elements.back()] = true;
+          }
+    // V bases on every head-sized step (where disjoint ones lie) and on an odd step between.
+    std::vector<int64_t> deltas;
+    for (int64_t delta = -span + 1; delta < span; delta += 61) deltas.push_back(delta);
+    for (int64_t delta = -(span / kHeadDim) * kHeadDim; delta < span; delta += kHeadDim) {
+      deltas.push_back(delta);
+    }
+    for (int64_t delta : deltas) {
+      bool disjoint = true;
+      for (int64_t e : k_elements) {  // V's element e + delta is one of K's
+        const int64_t w = e + delta;
+        if (w >= 0 && w < span && in_k[w]) {
+          disjoint = false;
+          break;
+        }
+      }
+      p.cache.v = at(kCacheK + delta * static_cast<int64_t>(kEs));
+      if (disjoint) {
+        EXPECT_NO_THROW(validate_epilogue_params(p, kTp)) << delta;
+        ++accepted;
+      } else {
+        EXPECT_TRUE(Rejects(p, "cache.k and cache.v overlap")) << delta;
+        ++refused;
+      }
+    }
+  }
+  EXPECT_GE(accepted, 10);  // both outcomes are exercised (15 disjoint bases here)
+  EXPECT_GE(refused, 10);
 }
 
 TEST_F(ValidateEpilogueTest, ExtentsThatWrapTheAddressSpaceAreRejected) {

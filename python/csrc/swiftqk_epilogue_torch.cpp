@@ -18,25 +18,14 @@
 #include "communicator_registry.hpp"
 #include "swiftqk/communicator.hpp"
 #include "swiftqk/error.hpp"
+#include "tensor_dtype.hpp"
 
 namespace {
 
 constexpr const char* kOp = "swiftqk.qk_epilogue: ";
 
 swiftqk::DType dtype_of(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return swiftqk::DType::kF32;
-    case at::kHalf:
-      return swiftqk::DType::kF16;
-    case at::kBFloat16:
-      return swiftqk::DType::kBF16;
-    case at::kFloat8_e4m3fn:
-      return swiftqk::DType::kF8E4M3;
-    default:
-      TORCH_CHECK(false, kOp, name, " has dtype ", t.scalar_type(),
-                  "; expected bfloat16, float16, float8_e4m3fn or float32");
-  }
+  return swiftqk_torch::dtype_of(t, kOp, name, "bfloat16, float16, float8_e4m3fn or float32");
 }
 
 // q, k, v, q_out, k_out: [tokens, heads x head_dim] with contiguous rows, any row stride.

@@ -17,6 +17,7 @@
 #include "communicator_registry.hpp"
 #include "swiftqk/communicator.hpp"
 #include "swiftqk/error.hpp"
+#include "tensor_dtype.hpp"
 
 namespace py = pybind11;
 
@@ -26,19 +27,8 @@ using swiftqk_torch::communicator_of;
 using swiftqk_torch::PyCommunicator;
 
 swiftqk::DType dtype_of(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return swiftqk::DType::kF32;
-    case at::kHalf:
-      return swiftqk::DType::kF16;
-    case at::kBFloat16:
-      return swiftqk::DType::kBF16;
-    case at::kFloat8_e4m3fn:
-      return swiftqk::DType::kF8E4M3;
-    default:
-      TORCH_CHECK(false, "swiftqk.qk_norm: ", name, " has dtype ", t.scalar_type(),
-                  "; expected float32, float16, bfloat16 or float8_e4m3fn");
-  }
+  return swiftqk_torch::dtype_of(t, "swiftqk.qk_norm: ", name,
+                                 "float32, float16, bfloat16 or float8_e4m3fn");
 }
 
 swiftqk::ShardView shard_of(const char* name, const at::Tensor& in, const at::Tensor& weight,

@@ -15,6 +15,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import graph_timing  # noqa: E402
 import model_shapes  # noqa: E402
 
 HEAD_DIM = 128
@@ -110,27 +111,7 @@ def check(torch, got_q, k_cache, v_cache, inp, ref, kv_heads, bound):
 
 
 def time_graph(torch, body, iters, launches):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            body(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(launches):
-            body(i)
-    for _ in range(10):
-        g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / launches)
-    return statistics.median(times)
+    return statistics.median(graph_timing.replay_times_us(torch, body, iters, launches))
 
 
 def main():

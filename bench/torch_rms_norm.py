@@ -12,6 +12,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import graph_timing  # noqa: E402
 import model_shapes  # noqa: E402
 
 MODELS = model_shapes.norm_shapes()  # name: (q width, k width, eps), from bench/models.json
@@ -32,27 +33,7 @@ def time_torch(torch, q_width, k_width, eps, tokens, iters, launches):
         outs.append(f(qs[i % sets], (q_width,), wq, eps))
         outs.append(f(ks[i % sets], (k_width,), wk, eps))
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            body(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(launches):
-            body(i)
-    for _ in range(10):
-        g.replay()
-    times = []
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(iters):
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / launches)
-    times.sort()
+    times = graph_timing.replay_times_us(torch, body, iters, launches)
     return {
         "median_us": statistics.median(times),
         "p10_us": times[int(0.1 * len(times))],

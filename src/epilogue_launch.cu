@@ -144,8 +144,7 @@ void launch_impl(const std::vector<Communicator*>& comms,
       detail::epilogue_stage_layout(qw + 2 * kw, es, p0.rope.rotary_dim, cs_es);
   EpilogueShape shape = epilogue_shape(p0, world, vec, layout.bytes());
   for (const QkEpilogueParams& p : params) {
-    shape.cs_copy_bytes =
-        std::min(shape.cs_copy_bytes, epilogue_shape(p, world, vec, 0).cs_copy_bytes);
+    shape.cs_copy_bytes = std::min(shape.cs_copy_bytes, epilogue_cos_sin_copy_bytes(p));
   }
   const bool headwise = p0.scope == NormScope::kHeadwise;
   const std::size_t smem =

@@ -54,12 +54,15 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
   s.defer = epilogue_exchanges(p, world) ? std::min(log2_world, kEpilogueMaxDefer) : 0;
   s.stages =
       std::min(kEpilogueStageCap, s.defer + 1 + (stage_bytes <= kEpilogueDeepStageBytes ? 2 : 1));
+  s.cs_copy_bytes = epilogue_cos_sin_copy_bytes(p);
+  return s;
+}
+
+int epilogue_cos_sin_copy_bytes(const QkEpilogueParams& p) {
   const std::size_t cs_row = static_cast<std::size_t>(p.rope.rotary_dim) *
                              (p.rope.cache_dtype == DType::kF32 ? 4 : dtype_size(p.dtype));
   const auto base = reinterpret_cast<uintptr_t>(p.rope.cos_sin_cache);
-  s.cs_copy_bytes =
-      base % 16 == 0 && cs_row % 16 == 0 ? 16 : (base % 4 == 0 && cs_row % 4 == 0 ? 4 : 2);
-  return s;
+  return base % 16 == 0 && cs_row % 16 == 0 ? 16 : (base % 4 == 0 && cs_row % 4 == 0 ? 4 : 2);
 }
 
 }  // namespace swiftqk

@@ -39,6 +39,10 @@ struct EpilogueShape {
 EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
                              std::size_t stage_bytes);
 
+/// @brief The unit a cos/sin row is staged in: 16 or 4 bytes (cp.async) when the table's pointer
+/// and row allow it, else 2 (plain copies). Each rank has its own table: a launch takes the least.
+int epilogue_cos_sin_copy_bytes(const QkEpilogueParams& p);
+
 /// @brief Work items per head of the kernel's rotation loop (qk_epilogue.cuh, phase C): NeoX
 /// pairs of vectors (and the element path's GPT-J pairs of elements), then single vectors.
 int epilogue_items_per_head(const QkEpilogueParams& p, int vec);

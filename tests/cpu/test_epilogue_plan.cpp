@@ -80,6 +80,20 @@ TEST(EpiloguePlan, BlockGrowsWithTheRowUpToTheCap) {
   EXPECT_EQ(epilogue_shape(p, 1, 8, 0).threads, kEpilogueBlockCap);
 }
 
+TEST(EpiloguePlan, CosSinRowsStageInTheWidestUnitTheirAlignmentAllows) {
+  QkEpilogueParams p = aligned_params();  // fp32 table, rows of 128 x 4 bytes
+  EXPECT_EQ(epilogue_cos_sin_copy_bytes(p), 16);
+  p.rope.cos_sin_cache = static_cast<const uint8_t*>(p.rope.cos_sin_cache) + 4;
+  EXPECT_EQ(epilogue_cos_sin_copy_bytes(p), 4);
+  p = aligned_params();
+  p.rope.cache_dtype = DType::kBF16;
+  p.rope.rotary_dim = 6;  // 12-byte rows: whole 4-byte units only
+  EXPECT_EQ(epilogue_cos_sin_copy_bytes(p), 4);
+  p.rope.cos_sin_cache = static_cast<const uint8_t*>(p.rope.cos_sin_cache) + 2;
+  EXPECT_EQ(epilogue_cos_sin_copy_bytes(p), 2);
+  EXPECT_EQ(epilogue_shape(p, 1, 1, 0).cs_copy_bytes, 2);
+}
+
 TEST(EpiloguePlan, ItemsPerHead) {
   QkEpilogueParams p = aligned_params();
   EXPECT_EQ(epilogue_items_per_head(p, 8), 8);  // 8 NeoX pairs of vectors

@@ -20,6 +20,7 @@ struct KernelKey {
   SlotLayout slots = SlotLayout::kTokenMajor;
   BlockOrder blocks = BlockOrder::kRankMajor;
   bool deterministic = false;  // the canonical reduction order (QkNormParams::deterministic)
+  int det_lanes = 0;           // deterministic mode: canonical lanes a thread holds (KernelShape)
 };
 
 KernelFn pick_kernel_f32(const KernelKey& k);

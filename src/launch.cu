@@ -115,9 +115,10 @@ void check_launch(const std::vector<Communicator*>& comms,
 struct KernelPicker {
   DType dtype;
   detail::KernelKey key;
-  KernelFn of(int vectors_per_thread, const ChunkOrders& orders) const {
+  KernelFn of(const KernelShape& shape, const ChunkOrders& orders) const {
     detail::KernelKey k = key;
-    k.vpt = vectors_per_thread;
+    k.vpt = shape.vectors_per_thread;
+    k.det_lanes = shape.det_lanes;
     k.slots = orders.slots;
     k.blocks = orders.blocks;
     const KernelFn f = detail::pick_kernel(dtype, k);
@@ -140,7 +141,7 @@ struct FootprintOnDevice {
                                                c.depth.stages);
     }
     f.blocks_per_sm = max_blocks_per_sm(
-        reinterpret_cast<const void*>(kernels.of(c.shape.vectors_per_thread, c.orders)),
+        reinterpret_cast<const void*>(kernels.of(c.shape, c.orders)),
         c.shape.block_threads(), f.smem_bytes, device);
     return f;
   }
@@ -241,10 +242,9 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const LaunchPlan plan = make_launch_plan(req, std::cref(footprint));
 
   LaunchArgs a = launch_args_of(plan, p0, s0, world);
-  const int vpt = plan.shape.vectors_per_thread;
   // Every instantiation comes from one build: one of them answers for all.
   const bool pdl =
-      p0.pdl && can_launch_pdl(reinterpret_cast<const void*>(kernels.of(vpt, plan.chunk(0).orders)),
+      p0.pdl && can_launch_pdl(reinterpret_cast<const void*>(kernels.of(plan.shape, plan.chunk(0).orders)),
                                s0.device);
   a.pdl = pdl ? 1 : 0;
 
@@ -267,7 +267,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     for (std::size_t r = 0; r < comms.size(); ++r) {
       a.r[r] = detail::rank_args_for(comms[r]->state(), params[r], c.first_token);
     }
-    detail::launch_kernel(kernels.of(vpt, c.orders), c.grid.grid(), plan.shape.block_threads(),
+    detail::launch_kernel(kernels.of(plan.shape, c.orders), c.grid.grid(), plan.shape.block_threads(),
                           plan.smem_bytes, stream, a, pdl);
   }
   for (Communicator* c : comms) c->state().end_launch(stream, capturing);

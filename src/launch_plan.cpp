@@ -18,6 +18,18 @@ int pow2_at_least(int64_t v) {
   return p;
 }
 
+// Groups of shape s a block of about block_threads holds: at most kMaxGroupsPerBlock groups wider
+// than a warp (their per-group shared state), and a staged ring within kMaxStagedRingBytes at
+// the deepest ring.
+int groups_per_block(const KernelShape& s, int64_t n, int block_threads) {
+  int64_t groups = std::max(1, std::min(block_threads, 1024) / s.group_threads);
+  if (s.group_threads > 32) groups = std::min<int64_t>(groups, kMaxGroupsPerBlock);
+  if (s.vectors_per_thread > 0) {
+    groups = std::min(groups, std::max<int64_t>(1, kMaxStagedRingBytes / (kMaxStages * 16 * n)));
+  }
+  return static_cast<int>(groups);
+}
+
 // The fewest threads that hold a row of n vectors at vpt each: a power of two from min_group up
 // to one warp, else whole warps.
 int group_for(int64_t n, int vpt, int min_group) {
@@ -65,12 +77,7 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
     s.vectors_per_thread = 4;
     s.group_threads = round_up_32(ceil_div(n, 4));
   }
-  int64_t groups = std::max(1, block_threads / s.group_threads);
-  if (s.group_threads > 32) groups = std::min<int64_t>(groups, kMaxGroupsPerBlock);
-  if (s.vectors_per_thread > 0) {
-    groups = std::min(groups, std::max<int64_t>(1, kMaxStagedRingBytes / (kMaxStages * 16 * n)));
-  }
-  s.tokens_per_block = static_cast<int>(groups);
+  s.tokens_per_block = groups_per_block(s, n, block_threads);
   return s;
 }
 
@@ -159,7 +166,7 @@ bool grid_is_full(int64_t tokens, int ranks, int tokens_per_block, int max_block
 }
 
 DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
-                                              int world, int block_threads) {
+                                              int world, int block_threads, int forced_vpt) {
   SWIFTQK_EXPECTS(world >= 1 && world <= kCanonicalSegments && (world & (world - 1)) == 0,
                   "deterministic mode: TP degree " + std::to_string(world) +
                       " must be a power of two up to " + std::to_string(kCanonicalSegments));
@@ -171,19 +178,51 @@ DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, 
           std::to_string(k_width) + " must be multiples of " + std::to_string(unit) + " (" +
           std::to_string(segments) + " segments of " + std::to_string(vec_elems) +
           "-element vectors)");
+  SWIFTQK_EXPECTS(forced_vpt == 0 || forced_vpt == 2 || forced_vpt == 4 || forced_vpt == 8,
+                  "deterministic mode: vectors per thread must be 0 (the policy), 2, 4 or 8, not " +
+                      std::to_string(forced_vpt));
   const int64_t seg_q = q_width / unit, seg_k = k_width / unit;  // vectors per segment
-  const int64_t q_slots = (seg_q + kCanonicalLanes - 1) / kCanonicalLanes;
-  const int64_t k_slots = (seg_k + kCanonicalLanes - 1) / kCanonicalLanes;
+  const int64_t n = (q_width + k_width) / vec_elems;
+  const int min_group = std::min(32, std::max(kMinGroupThreads, pow2_at_least(world)));
   DeterministicShape d;
   d.shape.vec_elems = vec_elems;
-  d.shape.group_threads = kCanonicalLanes * segments;
-  int vpt = 1;
-  while (vpt < q_slots + k_slots) vpt <<= 1;
-  const bool staged =
-      vpt <= kMaxVectorsPerThread && (q_width + k_width) / vec_elems <= kMaxStagedVectors;
-  d.shape.vectors_per_thread = staged ? vpt : 0;
-  d.q_slots = staged ? static_cast<int>(q_slots) : 0;
-  d.shape.tokens_per_block = std::max(1, std::min(block_threads, 1024) / d.shape.group_threads);
+  bool found = false;
+  int64_t best_slots = 0;
+  if (n <= kMaxStagedVectors) {
+    for (int lanes = kMaxVectorsPerThread; lanes >= 1; lanes >>= 1) {  // fewest threads first
+      const int p = kCanonicalLanes / lanes;
+      const int64_t qs = ceil_div(seg_q, p), ks = ceil_div(seg_k, p);
+      const int fit = std::max(2, pow2_at_least(qs + ks));
+      const int group = p * segments;
+      const int vpt = forced_vpt != 0 ? forced_vpt : fit;
+      if (fit > vpt || vpt > kMaxVectorsPerThread || lanes > vpt || group < min_group) continue;
+      const int64_t slots = static_cast<int64_t>(group) * vpt;
+      // Forced: the first that fits. Else the fewest slots, then 4 vectors a thread (the
+      // default layouts' count), then the fewest threads.
+      const bool better =
+          !found || (forced_vpt == 0 &&
+                     (slots < best_slots || (slots == best_slots && vpt == 4 &&
+                                             d.shape.vectors_per_thread != 4)));
+      if (!better) continue;
+      found = true;
+      best_slots = slots;
+      d.shape.group_threads = group;
+      d.shape.vectors_per_thread = vpt;
+      d.shape.det_lanes = lanes;
+      d.q_slots = static_cast<int>(qs);
+    }
+  }
+  if (!found) {
+    SWIFTQK_EXPECTS(forced_vpt == 0,
+                    "deterministic mode: no layout stages local widths " +
+                        std::to_string(q_width) + " and " + std::to_string(k_width) + " in " +
+                        std::to_string(forced_vpt) + " vectors per thread");
+    d.shape.group_threads = kCanonicalLanes * segments;  // streamed, one warp a segment
+    d.shape.vectors_per_thread = 0;
+    d.shape.det_lanes = 1;
+    d.q_slots = 0;
+  }
+  d.shape.tokens_per_block = groups_per_block(d.shape, n, block_threads);
   return d;
 }
 
@@ -239,9 +278,6 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
                   "make_launch_plan: token_capacity, sm_count and ranks_on_device must be >= 1");
   r.tuning.validate();
   const LaunchTuning& t = r.tuning;
-  SWIFTQK_EXPECTS(!r.deterministic || t.vectors_per_thread == 0,
-                  "make_launch_plan: the deterministic mode fixes the vectors per thread "
-                  "(LaunchTuning::vectors_per_thread must stay 0)");
   SWIFTQK_EXPECTS(!r.deterministic || r.vec_elems > 1,
                   "make_launch_plan: the deterministic mode needs rows of 16-byte vectors "
                   "(16-byte aligned pointers, strides and widths in whole vectors)");
@@ -272,7 +308,8 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
   // The packed blocks hold more rows, so fewer fit an SM: under a small SM budget every rank
   // must still get one.
   const DeterministicShape det =
-      r.deterministic ? deterministic_kernel_shape(qw, kw, r.vec_elems, r.world, block_target)
+      r.deterministic ? deterministic_kernel_shape(qw, kw, r.vec_elems, r.world, block_target,
+                                                   t.vectors_per_thread)
                       : DeterministicShape{};
   auto layout_for = [&](const PipelineDepth& depth) {
     if (r.deterministic) return layout_of(depth, det.shape);

@@ -22,6 +22,9 @@ struct KernelShape {
   /// lanes, so that one warp normalises 4 or 2 tokens at once (kMinGroupThreads).
   int group_threads = 32;
   int tokens_per_block = 1;  ///< groups per block
+  /// Deterministic mode: canonical lanes a thread holds (1, 2, 4 or 8; kCanonicalLanes / lanes
+  /// a segment takes); 0 for the default mode's shapes.
+  int det_lanes = 0;
   int block_threads() const { return group_threads * tokens_per_block; }
 };
 
@@ -98,18 +101,25 @@ constexpr int kMinGroupThreads = 8;
 constexpr int kMaxVectorsPerThread = 8;
 
 /// @brief The kernel shape of the deterministic mode for local widths q_width, k_width (elements)
-/// of vec_elems-element vectors at TP `world` (a power of two dividing kCanonicalSegments): one
-/// warp per local segment, so group_threads = 32 * 16 / world; q_slots staged vectors of Q per
-/// thread (then as many of K as a segment of K needs); vectors_per_thread 0 (streamed) when a
-/// thread would stage more than kMaxVectorsPerThread or the row is too wide to stage.
-/// tokens_per_block fills block_threads. Throws naming the TP degree or the widths that allow
-/// no canonical segments.
+/// of vec_elems-element vectors at TP `world` (a power of two dividing kCanonicalSegments). A
+/// segment of the rank's row takes P = 32 / det_lanes threads, so thread p of it holds the
+/// canonical lanes p, p + P, ... (docs/design.md, "Deterministic mode"): group_threads = P x the
+/// rank's 16 / world segments; each thread stages q_slots vectors of Q from its first slot up and
+/// the vectors of K from its last slot down. P is the one whose layout has the fewest slots
+/// (group_threads x vectors_per_thread) and, among those, 4 vectors a thread or else the fewest
+/// threads, with at most kMaxVectorsPerThread, at least det_lanes slots a thread and a group wide
+/// enough for the exchange (kMinGroupThreads, world). forced_vpt (LaunchTuning::
+/// vectors_per_thread; 0: the policy) takes the fewest threads whose slots fit in that many a
+/// thread. vectors_per_thread 0 (streamed, one warp a segment) when no layout fits or the row is
+/// too wide to stage. tokens_per_block fills block_threads within the shared memory of the
+/// deepest ring. Throws naming the TP degree or the widths that allow no canonical segments, and
+/// a forced vectors per thread no layout fits.
 struct DeterministicShape {
   KernelShape shape;
   int q_slots = 0;
 };
 DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
-                                              int world, int block_threads);
+                                              int world, int block_threads, int forced_vpt = 0);
 
 /// Shared memory the staged rows of one block may fill at the deepest ring (kMaxStages), so
 /// every stage depth fits the 227 KB a block may use, weights included.

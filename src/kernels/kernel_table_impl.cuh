@@ -8,11 +8,26 @@
 namespace swiftqk::detail {
 
 template <typename Tin, int VEC, int VPT, bool kLamport, bool kAlone, SlotLayout kSlots,
-          BlockOrder kBlocks, bool kDet = false>
+          BlockOrder kBlocks, int kDetLanes = 0>
 KernelFn pick_norm_order(NormOrder o) {
-  return o == NormOrder::kOlmo2
-             ? swiftqk_fused_kernel<Tin, VEC, VPT, true, kLamport, kAlone, kSlots, kBlocks, kDet>
-             : swiftqk_fused_kernel<Tin, VEC, VPT, false, kLamport, kAlone, kSlots, kBlocks, kDet>;
+  return o == NormOrder::kOlmo2 ? swiftqk_fused_kernel<Tin, VEC, VPT, true, kLamport, kAlone,
+                                                       kSlots, kBlocks, kDetLanes>
+                                : swiftqk_fused_kernel<Tin, VEC, VPT, false, kLamport, kAlone,
+                                                       kSlots, kBlocks, kDetLanes>;
+}
+
+// The deterministic mode's kernels: a thread holds 1 to 8 canonical lanes, at most one a slot
+// (a streamed row one), and its slots hold both Q and K, so staged rows take 2 or more.
+template <typename Tin, int VEC, int VPT, int kDetLanes>
+KernelFn pick_det(const KernelKey& k) {
+  if constexpr (VPT == 1 || (VPT == 0 ? kDetLanes != 1 : kDetLanes > VPT)) {
+    return nullptr;
+  } else {
+    constexpr SlotLayout kTM = SlotLayout::kTokenMajor;
+    constexpr BlockOrder kRM = BlockOrder::kRankMajor;
+    return k.alone ? pick_norm_order<Tin, VEC, VPT, false, true, kTM, kRM, kDetLanes>(k.order)
+                   : pick_norm_order<Tin, VEC, VPT, false, false, kTM, kRM, kDetLanes>(k.order);
+  }
 }
 
 template <typename Tin, int VEC, int VPT, bool kLamport, SlotLayout kSlots>
@@ -31,7 +46,6 @@ KernelFn pick_block_order(const KernelKey& k) {
 template <typename Tin, int VEC, int VPT>
 KernelFn pick_method(const KernelKey& k) {
   constexpr SlotLayout kTM = SlotLayout::kTokenMajor;
-  constexpr BlockOrder kRM = BlockOrder::kRankMajor;
   // The deterministic mode exists for the SwiftQK exchange on the vector path, in the default
   // slot and block orders only (the host rejects or replaces every other choice).
   if (k.deterministic) {
@@ -39,8 +53,18 @@ KernelFn pick_method(const KernelKey& k) {
       return nullptr;
     } else {
       if (k.method != Method::kSwiftQK) return nullptr;
-      return k.alone ? pick_norm_order<Tin, VEC, VPT, false, true, kTM, kRM, true>(k.order)
-                     : pick_norm_order<Tin, VEC, VPT, false, false, kTM, kRM, true>(k.order);
+      switch (k.det_lanes) {
+        case 1:
+          return pick_det<Tin, VEC, VPT, 1>(k);
+        case 2:
+          return pick_det<Tin, VEC, VPT, 2>(k);
+        case 4:
+          return pick_det<Tin, VEC, VPT, 4>(k);
+        case 8:
+          return pick_det<Tin, VEC, VPT, 8>(k);
+        default:
+          return nullptr;
+      }
     }
   }
   if (k.alone) {

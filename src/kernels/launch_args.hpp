@@ -92,7 +92,7 @@ struct LaunchArgs {
   uint64_t timeout_ns;
   int pdl;  // launched with programmatic dependent launch: trigger the dependents
   // Deterministic mode (protocol.hpp, kCanonicalSegments): the staged slots of each thread that
-  // hold Q vectors (the rest hold K); a segment's lane takes its vectors lane, lane + 32, ...
+  // hold Q vectors, from its first slot up (K's go from its last slot down).
   int det_q_slots;
 };
 

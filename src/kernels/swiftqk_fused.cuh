@@ -20,10 +20,14 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 /// Register caps of the staged kernel. Alone, 48 (no spills) lets 5 blocks of 256 threads share an
 /// SM instead of 4; with peers the exchange needs 64 (at 48 it spills and is slower at 4096
-/// tokens; CHANGELOG.md, "Tried and dropped"). Eight vectors a thread spill under 48.
+/// tokens; CHANGELOG.md, "Tried and dropped"). Eight vectors a thread spill under 48, and so do
+/// the deterministic layouts (their canonical lanes), which take 56 alone: at 384-thread blocks
+/// as many fit an SM.
 constexpr int kAloneMaxRegs = 48;
 constexpr int kMaxRegs = 64;
-constexpr int max_regs(bool alone, int vpt) {
+constexpr int kDetAloneMaxRegs = 56;
+constexpr int max_regs(bool alone, int vpt, bool det = false) {
+  if (det && alone && vpt > 0 && vpt < 8) return kDetAloneMaxRegs;
   return alone && vpt > 0 && vpt < 8 ? kAloneMaxRegs : kMaxRegs;
 }
 
@@ -79,14 +83,21 @@ __device__ __forceinline__ void vec_to_floats(const Vec<T, VEC>& x, float (&f)[V
   }
 }
 
+/// A vector's sum of squares: one fused multiply-add chain over its elements in order, from 0.
 template <typename Tin, int VEC>
-__device__ __forceinline__ void accumulate(const Vec<Tin, VEC>& x, bool is_q, float& sq,
-                                           float& sk) {
+__device__ __forceinline__ float vector_sum_sq(const Vec<Tin, VEC>& x) {
   float f[VEC];
   vec_to_floats(x, f);
   float s = 0.f;
 #pragma unroll
   for (int e = 0; e < VEC; ++e) s = fmaf(f[e], f[e], s);
+  return s;
+}
+
+template <typename Tin, int VEC>
+__device__ __forceinline__ void accumulate(const Vec<Tin, VEC>& x, bool is_q, float& sq,
+                                           float& sk) {
+  const float s = vector_sum_sq<Tin, VEC>(x);
   if (is_q) {
     sq += s;
   } else {
@@ -442,6 +453,43 @@ __device__ __forceinline__ float inv_rms(float sum_sq, float inv_full, float eps
   return rsqrtf(sum_sq * inv_full + eps);
 }
 
+/// Deterministic mode, one thread's part of the canonical order for the staged slots of a token
+/// (x: the stage, slot_pos(v): slot v's vector there): each vector's sum of squares (a chain from
+/// 0), added in order to its canonical lane's total (Q slot v is lane v % L's, K slot VPT - 1 - u
+/// lane u % L's, L = kDetLanes), then the thread's L lanes meet in the lanes' xor tree at offsets
+/// L/2 ... 1 (canonical offsets 16 ... P). A lane without vectors adds an exact zero.
+template <typename Tin, int VEC, int VPT, int kDetLanes, typename SlotPos, typename InRow,
+          typename IsQ>
+__device__ __forceinline__ void det_thread_sums(const Vec<Tin, VEC>* x, const SlotPos& slot_pos,
+                                                const InRow& in_row, const IsQ& is_q, bool active,
+                                                float& sq, float& sk) {
+  float lq[kDetLanes], lk[kDetLanes];
+#pragma unroll
+  for (int i = 0; i < kDetLanes; ++i) lq[i] = lk[i] = 0.f;
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {  // Q from the first slot up, in each lane's order
+    if (active && in_row(v) && is_q(v)) {
+      lq[v % kDetLanes] += vector_sum_sq<Tin, VEC>(load_vec(x + slot_pos(v)));
+    }
+  }
+#pragma unroll
+  for (int v = VPT - 1; v >= 0; --v) {  // K from the last slot down, likewise
+    if (active && in_row(v) && !is_q(v)) {
+      lk[(VPT - 1 - v) % kDetLanes] += vector_sum_sq<Tin, VEC>(load_vec(x + slot_pos(v)));
+    }
+  }
+#pragma unroll
+  for (int h = kDetLanes >> 1; h > 0; h >>= 1) {
+#pragma unroll
+    for (int i = 0; i < h; ++i) {
+      lq[i] += lq[i + h];
+      lk[i] += lk[i + h];
+    }
+  }
+  sq = lq[0];
+  sk = lk[0];
+}
+
 /// VPT > 0 (vector path): rows are staged through shared memory a.stages tokens deep with
 /// cp.async, so every SM keeps loads in flight while a token is reduced, exchanged and written.
 /// VPT == 0: rows are streamed twice from global memory (the second read hits L2); used for
@@ -455,16 +503,22 @@ __device__ __forceinline__ float inv_rms(float sum_sq, float inv_full, float eps
 /// (choose_block_order); only kernels with peers are instantiated interleaved.
 /// Token and vector indices are 32-bit (the host splits launches at kMaxLaunchTokens): the
 /// kernel is short of issue slots, and 64-bit index arithmetic was a third of its instructions.
-/// kDet is the deterministic (TP-invariant) mode: every sum of squares follows the canonical
-/// order of docs/design.md ("Deterministic mode"), whatever the TP degree and launch shape. A
-/// group is then 32 lanes per segment of the rank's row (the host sets G = 32 * 16 / world), warp
-/// w of a group reduces segment w of Q and of K, and each segment's sum is scaled by the input
-/// scale squared before the segments are added.
+/// kDetLanes > 0 is the deterministic (TP-invariant) mode: every sum of squares follows the
+/// canonical order of docs/design.md ("Deterministic mode"), whatever the TP degree and launch
+/// shape. A segment of the rank's row then takes P = 32 / kDetLanes threads of the group (the
+/// host sets G = P * 16 / world), thread p of it holding the segment's canonical lanes p, p + P,
+/// ...; each segment's sum is scaled by the input scale squared before the segments are added.
 template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport, bool kAlone,
           SlotLayout kSlotOrder = SlotLayout::kTokenMajor,
-          BlockOrder kBlockOrder = BlockOrder::kRankMajor, bool kDet = false>
-__global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
+          BlockOrder kBlockOrder = BlockOrder::kRankMajor, int kDetLanes = 0>
+__global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLanes > 0))
     swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
+  constexpr bool kDet = kDetLanes > 0;
+  // Deterministic mode: threads a segment takes; a streamed row keeps one warp a segment.
+  constexpr int kDetP = kDet ? kCanonicalLanes / kDetLanes : kCanonicalLanes;
+  static_assert(!kDet || (kDetLanes <= 8 && (kDetLanes & (kDetLanes - 1)) == 0 &&
+                          (VPT == 0 ? kDetLanes == 1 : kDetLanes <= VPT)),
+                "a thread holds 1, 2, 4 or 8 canonical lanes, at most one a slot");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched with programmatic dependent launch (QkNormParams::pdl), this grid may start before
   // the previous kernel on the stream has finished: nothing in global memory (inputs, weights,
@@ -555,25 +609,28 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   // This thread's vector slots are the same for every token: whether slot v lies in the row, in
   // Q or K, and its element offset there. Per token only the two row starts are computed.
   constexpr int kSlots = VPT > 0 ? VPT : 1;
-  bool v_in[kSlots], v_q[kSlots];
-  int v_off[kSlots];
-  [[maybe_unused]] int v_idx[kSlots];  // deterministic mode: the slot's vector in the row
-  // Deterministic mode: segment lengths in vectors (the rank's row holds G / 32 segments of Q
-  // and as many of K).
-  [[maybe_unused]] const int seg_q = kDet ? nq / (G >> 5) : 0;
-  [[maybe_unused]] const int seg_k = kDet ? (n - nq) / (G >> 5) : 0;
+  [[maybe_unused]] bool v_in[kSlots], v_q[kSlots];  // the default mode's
+  [[maybe_unused]] int v_off[kSlots];
+  // Deterministic mode: segment lengths in vectors (the rank's row holds G / P segments of Q
+  // and as many of K), this thread's segment and its place p in it. Slot v < det_q_slots holds
+  // Q vector p + P v of the thread's segment, slot VPT - 1 - u K vector p + P u: in the row,
+  // Q slot v is vector det_q0 + P v and K slot v vector det_k0 - P v, and bit v of det_in says
+  // whether slot v lies in the row (three registers, where arrays of offsets and flags
+  // spilled). Vector p + P u is canonical lane p + P (u % kDetLanes)'s (u / kDetLanes)-th: both
+  // are compile-time per slot.
+  [[maybe_unused]] const int seg_q = kDet ? nq / (G / kDetP) : 0;
+  [[maybe_unused]] const int seg_k = kDet ? (n - nq) / (G / kDetP) : 0;
+  [[maybe_unused]] const int det_seg = gt / kDetP, det_p = gt % kDetP;
+  [[maybe_unused]] const int det_q0 = det_seg * seg_q + det_p;
+  [[maybe_unused]] const int det_k0 = nq + det_seg * seg_k + det_p + kDetP * (kSlots - 1);
+  [[maybe_unused]] int v_idx[kSlots];
 #pragma unroll
   for (int v = 0; v < kSlots; ++v) {
     if constexpr (kDet) {
-      // Slot v < det_q_slots holds Q vector lane + 32 v of the warp's segment, the others K
-      // vector lane + 32 (v - det_q_slots) of it.
       v_q[v] = v < a.det_q_slots;
-      const int c = v_q[v] ? v : v - a.det_q_slots;
-      const int j = lane + 32 * c;
-      v_in[v] = VPT > 0 && j < (v_q[v] ? seg_q : seg_k);
-      const int i = (gt >> 5) * (v_q[v] ? seg_q : seg_k) + j;
-      v_off[v] = i * VEC;
-      v_idx[v] = v_q[v] ? i : nq + i;
+      const int u = v_q[v] ? v : kSlots - 1 - v;
+      v_in[v] = VPT > 0 && det_p + kDetP * u < (v_q[v] ? seg_q : seg_k);
+      v_idx[v] = v_q[v] ? det_q0 + kDetP * v : det_k0 - kDetP * v;
     } else {
       const int i = gt + v * G;
       v_in[v] = VPT > 0 && i < n;
@@ -581,6 +638,24 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
       v_off[v] = (v_q[v] ? i : i - nq) * VEC;
     }
   }
+  // Whether slot v lies in the row and in Q, its vector in the row (deterministic mode) and
+  // its element offset in Q or K.
+  auto in_row = [&](int v) { return v_in[v]; };
+  auto is_q = [&](int v) { return v_q[v]; };
+  [[maybe_unused]] auto det_idx = [&](int v) {
+    if constexpr (kDet) {
+      return v_idx[v];
+    } else {
+      return 0;
+    }
+  };
+  auto slot_off = [&](int v) {
+    if constexpr (kDet) {
+      return (is_q(v) ? det_idx(v) : det_idx(v) - nq) * VEC;
+    } else {
+      return v_off[v];
+    }
+  };
 
   // This thread's vector 0 of stage s; its slot v is G vectors further (only the thread that
   // copies a vector ever reads it, so cp_async_wait alone makes it visible: no barrier). In the
@@ -588,7 +663,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
   InVec* const my_stage0 = reinterpret_cast<InVec*>(s_stage) + g * n + gt;
   auto slot_pos = [&](int v) {
     if constexpr (kDet) {
-      return v_idx[v] - gt;
+      return det_idx(v) - gt;
     } else {
       return v * G;
     }
@@ -608,9 +683,9 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
         const uint32_t dst = my_stage0_s + static_cast<uint32_t>(s * stage_vectors) * 16u;
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
-          if (v_in[v]) {
+          if (in_row(v)) {
             cp_async16(dst + static_cast<uint32_t>(slot_pos(v)) * 16u,
-                       (v_q[v] ? q_next : k_next) + v_off[v]);
+                       (is_q(v) ? q_next : k_next) + slot_off(v));
           }
         }
       }
@@ -686,9 +761,13 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
       issue(wrap(cur + ahead));  // token t + ahead * step
       cp_async_wait_pending(ahead);
       const InVec* x = stage(cur);
+      if constexpr (kDet) {
+        det_thread_sums<Tin, VEC, VPT, kDetLanes>(x, slot_pos, in_row, is_q, active, sq, sk);
+      } else {
 #pragma unroll
-      for (int v = 0; v < VPT; ++v) {
-        if (active && v_in[v]) accumulate<Tin, VEC>(load_vec(x + slot_pos(v)), v_q[v], sq, sk);
+        for (int v = 0; v < VPT; ++v) {
+          if (active && v_in[v]) accumulate<Tin, VEC>(load_vec(x + slot_pos(v)), v_q[v], sq, sk);
+        }
       }
     } else if (active) {
       if constexpr (kDet) {  // the canonical order, read from global memory
@@ -708,8 +787,22 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
       }
     }
     cur = wrap(cur + 1);
-    // Sum over each W-lane segment of the warp (one group's, or one warp's of a wider group).
-    if (W == 32) {
+    if constexpr (kDet) {
+      // The canonical tree inside the warp: a segment's lanes (offsets P/2 ... 1), the scaled
+      // leaf, then the segments in index order (offsets P, 2P, ... within the group's warp).
+#pragma unroll
+      for (int off = kDetP >> 1; off > 0; off >>= 1) {
+        sq += __shfl_xor_sync(kFullMask, sq, off);
+        sk += __shfl_xor_sync(kFullMask, sk, off);
+      }
+      sq = sq * ra.q_in_scale * ra.q_in_scale;
+      sk = sk * ra.k_in_scale * ra.k_in_scale;
+      for (int off = kDetP; off < W; off <<= 1) {
+        sq += __shfl_xor_sync(kFullMask, sq, off);
+        sk += __shfl_xor_sync(kFullMask, sk, off);
+      }
+    } else if (W == 32) {
+      // Sum over each W-lane segment of the warp (one group's, or one warp's of a wider group).
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) {
         sq += __shfl_xor_sync(kFullMask, sq, off);
@@ -720,10 +813,6 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
         sq += __shfl_xor_sync(kFullMask, sq, off);
         sk += __shfl_xor_sync(kFullMask, sk, off);
       }
-    }
-    if constexpr (kDet) {  // a segment's sum, scaled before the segments are added
-      sq = sq * ra.q_in_scale * ra.q_in_scale;
-      sk = sk * ra.k_in_scale * ra.k_in_scale;
     }
     // A group of a warp or less: every lane already holds the group's sums, no barrier is needed.
     if (!warp_or_less) {
@@ -813,16 +902,16 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT))
         Tout* k_dst = static_cast<Tout*>(ra.k_out) + static_cast<int64_t>(tw) * ra.k_out_stride;
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
-          if (v_in[v]) {
+          if (in_row(v)) {
             const OutVec* wv;
             if constexpr (kDet) {
-              wv = s_weight + v_idx[v];
+              wv = s_weight + det_idx(v);
             } else {
               wv = my_weight + v * G;
             }
-            store_vec(reinterpret_cast<OutVec*>((v_q[v] ? q_dst : k_dst) + v_off[v]),
+            store_vec(reinterpret_cast<OutVec*>((is_q(v) ? q_dst : k_dst) + slot_off(v)),
                       normalize_vec<Tin, Tout, VEC, kOlmo2>(load_vec(x + slot_pos(v)), load_vec(wv),
-                                                            v_q[v] ? rs.x : rs.y));
+                                                            is_q(v) ? rs.x : rs.y));
           }
         }
       } else {

@@ -97,29 +97,86 @@ TEST(DeterministicSum, RejectsWidthsWithoutSixteenSegmentsAndOtherWorlds) {
   EXPECT_THROW(ref::canonical_sum_of_squares_ranks(ok.data(), 2048, 8, 1.f, 32), Error);
 }
 
-TEST(DeterministicShape, OneWarpPerLocalSegmentWithSlotsForItsVectors) {
+TEST(DeterministicShape, FewestSlotsThenFourVectorsAThread) {
   struct Want {
     int64_t q, k;
     int vec, world;
-    int group_threads, q_slots, vpt;
+    int group_threads, lanes, q_slots, vpt;
   };
   for (const Want w : {
-           Want{5120, 5120, 8, 1, 512, 2, 4},   // OLMo2-13B TP 1: 40 vectors a segment
-           Want{256, 256, 8, 8, 64, 1, 2},      // OLMoE TP 8: 16 vectors a segment
-           Want{6144, 1024, 8, 1, 512, 2, 4},   // MiniMax-M2 TP 1: 48 and 8 vectors
-           Want{128, 128, 8, 16, 32, 1, 2},     // TP 16: one segment, one warp
-           Want{12288, 2048, 8, 1, 512, 3, 4},  // 96 and 16 vectors a segment
+           // OLMoE TP 1: 16 vectors a segment; 8 threads a segment hold 4 lanes each (the
+           // default layout's 128 threads and 4 vectors), not 4 threads with 8 vectors.
+           Want{2048, 2048, 8, 1, 128, 4, 2, 4},
+           Want{256, 256, 8, 8, 16, 4, 2, 4},  // OLMoE TP 8: two segments of 8 threads
+           // OLMo2-13B TP 1: 40 vectors a segment: 512 x 4 slots, as many as 256 x 8.
+           Want{5120, 5120, 8, 1, 512, 1, 2, 4},
+           Want{6144, 1024, 8, 1, 256, 2, 3, 4},  // MiniMax-M2 TP 1: 48 and 8 vectors
+           Want{4096, 4096, 8, 1, 256, 2, 2, 4},  // OLMo2-7B TP 1: 32 vectors a segment
+           Want{128, 128, 8, 16, 16, 2, 1, 2},    // TP 16: 16 lanes, one per rank
+           Want{12288, 2048, 8, 1, 512, 1, 3, 4},  // 96 and 16 vectors a segment
        }) {
     const DeterministicShape d = deterministic_kernel_shape(w.q, w.k, w.vec, w.world, 256);
-    EXPECT_EQ(d.shape.group_threads, w.group_threads) << w.q << ":" << w.k << " TP " << w.world;
-    EXPECT_EQ(d.q_slots, w.q_slots) << w.q << ":" << w.k << " TP " << w.world;
-    EXPECT_EQ(d.shape.vectors_per_thread, w.vpt) << w.q << ":" << w.k << " TP " << w.world;
-    EXPECT_GE(d.shape.tokens_per_block, 1);
-    EXPECT_LE(d.shape.block_threads(), 1024);
+    const std::string at = std::to_string(w.q) + ":" + std::to_string(w.k) + " TP " +
+                           std::to_string(w.world);
+    EXPECT_EQ(d.shape.group_threads, w.group_threads) << at;
+    EXPECT_EQ(d.shape.det_lanes, w.lanes) << at;
+    EXPECT_EQ(d.q_slots, w.q_slots) << at;
+    EXPECT_EQ(d.shape.vectors_per_thread, w.vpt) << at;
+    EXPECT_GE(d.shape.tokens_per_block, 1) << at;
+    EXPECT_LE(d.shape.block_threads(), 1024) << at;
   }
-  // A row too wide to stage is streamed.
+  // A row too wide to stage is streamed, one warp a segment.
   const DeterministicShape wide = deterministic_kernel_shape(32768, 32768, 8, 1, 256);
   EXPECT_EQ(wide.shape.vectors_per_thread, 0);
+  EXPECT_EQ(wide.shape.det_lanes, 1);
+  EXPECT_EQ(wide.shape.group_threads, 512);
+}
+
+// Every layout the policy may take holds the canonical structure: P = 32 / lanes threads a
+// segment, Q's and K's slots within the thread's, a group wide enough for the exchange, and
+// no more lanes than slots.
+TEST(DeterministicShape, EveryLayoutHoldsItsSegmentsLanesAndSlots) {
+  for (int world : {1, 2, 4, 8, 16}) {
+    for (int64_t q : {2048, 5120, 6144, 128 * 16, 128 * 96}) {
+      for (int64_t k : {1024, 2048, 5120}) {
+        for (int vec : {4, 8, 16}) {
+          for (int forced : {0, 2, 4, 8}) {
+            const int64_t qw = q / world, kw = k / world;
+            if (qw % (16 / world * vec) != 0 || kw % (16 / world * vec) != 0) continue;
+            DeterministicShape d;
+            try {
+              d = deterministic_kernel_shape(qw, kw, vec, world, 384, forced);
+            } catch (const Error& e) {
+              EXPECT_NE(forced, 0) << "the policy itself must find a layout";
+              EXPECT_NE(std::string(e.what()).find("vectors per thread"), std::string::npos);
+              continue;
+            }
+            const std::string at = std::to_string(qw) + ":" + std::to_string(kw) + " vec " +
+                                   std::to_string(vec) + " TP " + std::to_string(world) +
+                                   " forced " + std::to_string(forced);
+            const KernelShape& s = d.shape;
+            ASSERT_TRUE(s.det_lanes == 1 || s.det_lanes == 2 || s.det_lanes == 4 ||
+                        s.det_lanes == 8)
+                << at;
+            const int p = 32 / s.det_lanes, segs = 16 / world;
+            EXPECT_EQ(s.group_threads, p * segs) << at;
+            EXPECT_GE(s.group_threads, std::min(32, std::max(8, world))) << at;
+            if (forced != 0) {
+              EXPECT_EQ(s.vectors_per_thread, forced) << at;
+            }
+            if (s.vectors_per_thread == 0) {
+              EXPECT_EQ(s.det_lanes, 1) << at;
+              continue;
+            }
+            EXPECT_LE(s.det_lanes, s.vectors_per_thread) << at;
+            const int64_t seg_q = qw / vec / segs, seg_k = kw / vec / segs;
+            EXPECT_EQ(d.q_slots, (seg_q + p - 1) / p) << at;
+            EXPECT_LE(d.q_slots + (seg_k + p - 1) / p, s.vectors_per_thread) << at;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(DeterministicShape, RejectsTpDegreesAndWidthsNamingThem) {
@@ -128,6 +185,11 @@ TEST(DeterministicShape, RejectsTpDegreesAndWidthsNamingThem) {
                         {"TP degree 32"});
   testing::expect_error([] { deterministic_kernel_shape(1000, 2048, 8, 1, 256); }, {"1000"});
   testing::expect_error([] { deterministic_kernel_shape(2048, 2048, 1, 1, 256); }, {"vectors"});
+  testing::expect_error([] { deterministic_kernel_shape(2048, 2048, 8, 1, 256, 1); },
+                        {"vectors per thread", "not 1"});
+  // 40 vectors a segment fit no layout of 2 vectors a thread.
+  testing::expect_error([] { deterministic_kernel_shape(5120, 5120, 8, 1, 256, 2); },
+                        {"no layout", "2 vectors per thread"});
 }
 
 QkNormParams det_params(int64_t q_full, int64_t k_full, int world, std::vector<uint16_t>& buf) {

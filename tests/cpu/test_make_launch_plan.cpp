@@ -366,6 +366,7 @@ TEST(MakeLaunchPlan, DeterministicModeTakesItsOwnShapeAndTheDefaultOrders) {
         EXPECT_EQ(plan.shape.group_threads, want.shape.group_threads) << m.name << " TP " << world;
         EXPECT_EQ(plan.shape.vectors_per_thread, want.shape.vectors_per_thread) << m.name;
         EXPECT_EQ(plan.det_q_slots, want.q_slots) << m.name << " TP " << world;
+        EXPECT_EQ(plan.shape.det_lanes, want.shape.det_lanes) << m.name << " TP " << world;
         EXPECT_EQ(plan.chunk(0).orders.slots, SlotLayout::kTokenMajor) << m.name;
         EXPECT_EQ(plan.chunk(0).orders.blocks, BlockOrder::kRankMajor) << m.name;
       }
@@ -373,12 +374,21 @@ TEST(MakeLaunchPlan, DeterministicModeTakesItsOwnShapeAndTheDefaultOrders) {
   }
 }
 
-TEST(MakeLaunchPlan, DeterministicModeRefusesForcedVectorsAndTheScalarPath) {
+TEST(MakeLaunchPlan, DeterministicModeTakesForcedVectorsAndRefusesTheScalarPath) {
   LaunchTuning t;
-  t.vectors_per_thread = 2;
+  t.vectors_per_thread = 8;
   LaunchRequest r = bf16_request(kModels[0], 2, 64, t);
   r.deterministic = true;
-  testing::expect_error([&] { plan_of(r); }, {"deterministic mode fixes the vectors per thread"});
+  const LaunchPlan plan = plan_of(r);
+  const DeterministicShape want =
+      deterministic_kernel_shape(kModels[0].q / 2, kModels[0].k / 2, 8, 2, kDefaultBlockThreads, 8);
+  EXPECT_EQ(plan.shape.vectors_per_thread, 8);
+  EXPECT_EQ(plan.shape.det_lanes, want.shape.det_lanes);
+  EXPECT_EQ(plan.shape.group_threads, want.shape.group_threads);
+  t.vectors_per_thread = 1;
+  LaunchRequest one = bf16_request(kModels[0], 2, 64, t);
+  one.deterministic = true;
+  testing::expect_error([&] { plan_of(one); }, {"deterministic mode", "not 1"});
   LaunchRequest s = bf16_request(kModels[0], 2, 64);
   s.deterministic = true;
   s.vec_elems = 1;

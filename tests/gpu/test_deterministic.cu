@@ -37,7 +37,8 @@ bool tp_allowed(const Problem& p, int world) {
 }
 
 // One call of p at TP `world` (virtual ranks, one group launch), checked against float64 first.
-Gathered run_at(const Problem& p, int world, bool det = true, int64_t capacity = 16384) {
+Gathered run_at(const Problem& p, int world, bool det = true, int64_t capacity = 16384,
+                 const LaunchTuning& tuning = {}) {
   CommConfig cfg;
   cfg.token_capacity = capacity;
   cfg.chunk_oversize = true;
@@ -49,6 +50,7 @@ Gathered run_at(const Problem& p, int world, bool det = true, int64_t capacity =
   for (int r = 0; r < world; ++r) {
     ranks.push_back(make_rank(p, world, r, Layout::kSeparate));
     ranks.back().params.deterministic = det;
+    ranks.back().params.tuning = tuning;
     poison(ranks.back(), nullptr);
   }
   for (int r = 0; r < world; ++r) {
@@ -145,6 +147,7 @@ std::vector<Case> tp_cases() {
     v.push_back({64, 6144, 1024, dt, NormOrder::kLlama});
   }
   v.push_back({4096, 5120, 1024, DType::kBF16, NormOrder::kOlmo2});
+  v.push_back({16384, 2048, 2048, DType::kBF16, NormOrder::kLlama});
   // More tokens than the workspace holds: launches of 4096 tokens and a shorter last one.
   v.push_back({10000, 2048, 2048, DType::kBF16, NormOrder::kLlama, 4096});
   // A row too wide to stage (the streamed path): 16384 + 16384 elements.
@@ -153,6 +156,63 @@ std::vector<Case> tp_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Deterministic, TpInvariant, ::testing::ValuesIn(tp_cases()),
                          [](const auto& info) { return name_of(info.param); });
+
+// Every launch shape the tuning may force (vectors per thread, and so the lanes a thread holds;
+// stage depth; block size) writes the bits of the tuned shape, at TP 1, 2 and 8.
+TEST(Deterministic, EveryForcedLaunchShapeWritesTheSameBits) {
+  REQUIRE_GPU();
+  struct Shape {
+    int64_t q, k;
+    NormOrder order;
+  };
+  for (const Shape sh : {Shape{2048, 2048, NormOrder::kLlama}, Shape{5120, 5120, NormOrder::kOlmo2},
+                         Shape{6144, 1024, NormOrder::kLlama}}) {
+    const Problem p = Problem::random(333, sh.q, sh.k, DType::kBF16, sh.order, 1e-6f, 777);
+    const Gathered want = run_at(p, 1);
+    int compared = 0, refused = 0;
+    for (int world : {1, 2, 8}) {
+      for (int vpt : {0, 2, 4, 8}) {
+        for (int stages : {0, 2, 5}) {
+          for (int block : {0, 64, 1024}) {
+            LaunchTuning t;
+            t.vectors_per_thread = vpt;
+            t.stages = stages;
+            t.block_threads = block;
+            const std::string at = std::to_string(sh.q) + ":" + std::to_string(sh.k) + " TP " +
+                                   std::to_string(world) + " vpt " + std::to_string(vpt) +
+                                   " stages " + std::to_string(stages) + " block " +
+                                   std::to_string(block);
+            bool fits = true;
+            try {
+              deterministic_kernel_shape(sh.q / world, sh.k / world, 8, world, 256, vpt);
+            } catch (const Error& e) {
+              fits = false;  // e.g. 40 vectors a segment in 2 slots a thread
+              EXPECT_NE(std::string(e.what()).find("vectors per thread"), std::string::npos)
+                  << at;
+            }
+            if (!fits) {
+              ++refused;
+              continue;
+            }
+            Gathered g;
+            try {
+              g = run_at(p, world, true, 16384, t);
+            } catch (const Error& e) {
+              // A block too large for the kernel's registers cannot be resident: refused, not run.
+              EXPECT_NE(std::string(e.what()).find("occupancy 0"), std::string::npos)
+                  << at << ": " << e.what();
+              ++refused;
+              continue;
+            }
+            EXPECT_EQ(first_difference(want, g, dtype_size(p.out())), "") << at;
+            ++compared;
+          }
+        }
+      }
+    }
+    EXPECT_GE(compared, 40) << sh.q << ":" << sh.k << " (" << refused << " refused)";
+  }
+}
 
 TEST(Deterministic, DefaultModeDiffersAcrossTpDegrees) {
   // The negative control: without the mode, TP 1 and TP 8 sum in other orders, so the

@@ -5,6 +5,7 @@
 // 0 merges the ranks' figures (the slowest rank's times) and writes the table and JSON.
 #include <nccl.h>
 
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -26,13 +27,30 @@ std::vector<uint8_t> to_bytes(const json& j) {
 }
 json from_bytes(const std::vector<uint8_t>& b) { return json::parse(b.begin(), b.end()); }
 
+json metrics_json(const ref::ErrorMetrics& m) {
+  return json{{"max", m.max_abs}, {"mean", m.mean_abs}, {"rmse", m.rmse}, {"n", m.count}};
+}
+
+ref::ErrorMetrics metrics_of(const json& j) {
+  ref::ErrorMetrics m;
+  // JSON has no infinity: a nonfinite mismatch's max_abs travels as null.
+  m.max_abs =
+      j.at("max").is_null() ? std::numeric_limits<double>::infinity() : j.at("max").get<double>();
+  m.mean_abs = j.at("mean").get<double>();
+  m.rmse = j.at("rmse").get<double>();
+  m.count = j.at("n").get<int64_t>();
+  return m;
+}
+
 // What one rank measured for one configuration.
 json rank_result(const Stats& st, const Check& c) {
-  return json{{"median", st.median},  {"p10", st.p10},          {"p90", st.p90},
-              {"p99", st.p99},        {"wrong", c.wrong},       {"q_max", c.q.max_abs},
-              {"k_max", c.k.max_abs}, {"q_mean", c.q.mean_abs}, {"k_mean", c.k.mean_abs},
-              {"q_rmse", c.q.rmse},   {"k_rmse", c.k.rmse},     {"q_n", c.q.count},
-              {"k_n", c.k.count}};
+  json r{{"median", st.median}, {"p10", st.p10},          {"p90", st.p90},         {"p99", st.p99},
+         {"wrong", c.wrong},    {"q", metrics_json(c.q)}, {"k", metrics_json(c.k)}};
+  if (c.has_e2e) {
+    r["q_e2e"] = metrics_json(c.q_e2e);
+    r["k_e2e"] = metrics_json(c.k_e2e);
+  }
+  return r;
 }
 
 // The slowest rank's times; errors pooled over all ranks' slices.
@@ -40,27 +58,25 @@ std::pair<Stats, Check> merge(const std::vector<json>& rs, int64_t& wrong) {
   Stats st{0, 0, 0, 0};
   Check c;
   wrong = 0;
-  double q_abs = 0, k_abs = 0, q_sq = 0, k_sq = 0;
   for (const json& r : rs) {
     st.median = std::max(st.median, r["median"].get<double>());
     st.p10 = std::max(st.p10, r["p10"].get<double>());
     st.p90 = std::max(st.p90, r["p90"].get<double>());
     st.p99 = std::max(st.p99, r["p99"].get<double>());
     wrong += r["wrong"].get<int64_t>();
-    c.q.max_abs = std::max(c.q.max_abs, r["q_max"].get<double>());
-    c.k.max_abs = std::max(c.k.max_abs, r["k_max"].get<double>());
-    const int64_t qn = r["q_n"].get<int64_t>(), kn = r["k_n"].get<int64_t>();
-    c.q.count += qn;
-    c.k.count += kn;
-    q_abs += r["q_mean"].get<double>() * qn;
-    k_abs += r["k_mean"].get<double>() * kn;
-    q_sq += std::pow(r["q_rmse"].get<double>(), 2) * qn;
-    k_sq += std::pow(r["k_rmse"].get<double>(), 2) * kn;
   }
-  c.q.mean_abs = q_abs / std::max<int64_t>(1, c.q.count);
-  c.k.mean_abs = k_abs / std::max<int64_t>(1, c.k.count);
-  c.q.rmse = std::sqrt(q_sq / std::max<int64_t>(1, c.q.count));
-  c.k.rmse = std::sqrt(k_sq / std::max<int64_t>(1, c.k.count));
+  auto pooled = [&rs](const char* key) {
+    std::vector<ref::ErrorMetrics> parts;
+    for (const json& r : rs) parts.push_back(metrics_of(r.at(key)));
+    return ref::pool(parts);
+  };
+  c.q = pooled("q");
+  c.k = pooled("k");
+  c.has_e2e = !rs.empty() && rs[0].contains("q_e2e");  // every rank has the same inputs' dtype
+  if (c.has_e2e) {
+    c.q_e2e = pooled("q_e2e");
+    c.k_e2e = pooled("k_e2e");
+  }
   return {st, c};
 }
 

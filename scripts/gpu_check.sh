@@ -130,7 +130,13 @@ if [ "$phase" = measure ] || [ "$phase" = all ]; then
     --tp 1 --tokens 4096 --iters 20 --commit "$commit" --json "$OUT/bench_precision.json" \
     >"$OUT/bench_precision.log" 2>&1
   note "bench precision: $(tail -1 "$OUT/bench_precision.log")"
-  python3 bench/precision_table.py "$OUT/bench_precision.json" >"$OUT/precision.md" 2>&1
+  # The independent paths (PyTorch's rms_norm, the HF classes) on the gathered tensors, beside.
+  timeout 120 python3 bench/precision_study.py --json "$OUT/precision_study.json" \
+    >"$OUT/precision_study.log" 2>&1
+  note "precision study: $(head -1 "$OUT/precision_study.log")"
+  study=(); [ -s "$OUT/precision_study.json" ] && study=("$OUT/precision_study.json")
+  python3 bench/precision_table.py "$OUT/bench_precision.json" ${study[@]+"${study[@]}"} \
+    >"$OUT/precision.md" 2>&1
   note "precision: $(tail -1 "$OUT/precision.md")"
   timeout 90 python3 bench/torch_rms_norm.py --iters 100 --json "$OUT/torch.json" \
     --swiftqk-json "$OUT/bench_methods.json" >"$OUT/torch.log" 2>&1

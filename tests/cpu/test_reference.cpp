@@ -343,6 +343,93 @@ TEST(Compare, NonFiniteCounted) {
   expect_error([&] { compare({1.0}, {1.0, 2.0}); }, "got has 1 elements, ref has 2");
 }
 
+TEST(Pool, GivesTheMetricsOfOneCompareOverTheUnion) {
+  const std::vector<double> got = {1.0, 2.0, 3.0, 4.0, 5.5, -1.0},
+                            ref = {1.0, 2.5, 2.0, 4.0, 5.0, 1.0};
+  const ErrorMetrics whole = compare(got, ref);
+  const ErrorMetrics a = compare({got.begin(), got.begin() + 2}, {ref.begin(), ref.begin() + 2});
+  const ErrorMetrics b = compare({got.begin() + 2, got.end()}, {ref.begin() + 2, ref.end()});
+  const ErrorMetrics m = pool({a, b});
+  EXPECT_EQ(m.count, whole.count);
+  EXPECT_EQ(m.max_abs, whole.max_abs);
+  EXPECT_DOUBLE_EQ(m.mean_abs, whole.mean_abs);
+  EXPECT_DOUBLE_EQ(m.rmse, whole.rmse);
+  EXPECT_EQ(m.worst_index, -1);  // the parts index different arrays
+  EXPECT_EQ(pool({a}).rmse, a.rmse);
+  const ErrorMetrics none = pool({});
+  EXPECT_EQ(none.count, 0);
+  EXPECT_EQ(none.rmse, 0.0);
+  const ErrorMetrics bad = pool({a, compare({kNaN}, {1.0})});
+  EXPECT_EQ(bad.nonfinite, 1);
+  EXPECT_EQ(bad.max_abs, std::numeric_limits<double>::infinity());
+}
+
+// ---------------------------------------------------------------- quantised inputs
+
+TEST(Quantise, ScaleAndStoredValues) {
+  const std::vector<float> v = {1.0f, -896.0f, 3.0f, 0.01f};
+  EXPECT_EQ(input_scale(DType::kF8E4M3, v.data(), v.size()), 2.0f);  // amax 896 stores as 448
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    EXPECT_EQ(input_scale(t, v.data(), v.size()), 1.0f) << to_string(t);
+  }
+  std::vector<uint8_t> raw(v.size());
+  std::vector<double> stored(v.size(), kNaN);
+  quantise(v.data(), DType::kF8E4M3, 2.0f, 0, 2, raw.data(), stored.data());
+  quantise(v.data(), DType::kF8E4M3, 2.0f, 2, 4, raw.data(), stored.data());  // ranges compose
+  EXPECT_EQ(raw[1], float_to_e4m3_bits(-448.0f));
+  EXPECT_EQ(stored, (std::vector<double>{1.0, -896.0, 3.0,
+                                         e4m3_bits_to_float(float_to_e4m3_bits(0.005f)) * 2.0}));
+  std::vector<uint8_t> raw16(2 * v.size());
+  quantise(v.data(), DType::kBF16, 1.0f, 0, v.size(), raw16.data(), stored.data());
+  for (std::size_t i = 0; i < v.size(); ++i) EXPECT_EQ(stored[i], round_to(DType::kBF16, v[i]));
+}
+
+// What the benchmark reports for fp8 inputs, on the problem's distribution (normal values, rows
+// scaled by 10^u, u in [-1, 1); weights in [0.25, 2)): a correct kernel's output against the gold
+// of the dequantised inputs (its own error) and against the gold of the values before
+// quantisation (end to end). The end-to-end error is e4m3's: 3 mantissa bits, up to 2^-4 of a
+// value, against bf16's 2^-8 for the kernel's rounding.
+TEST(Quantise, EndToEndErrorOfFp8IncludesTheQuantisation) {
+  const int64_t tokens = 64, width = 1024;
+  std::mt19937_64 rng(2025);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> decade(-1.f, 1.f), weight(0.25f, 2.f);
+  std::vector<float> v(tokens * width);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float mag = std::pow(10.f, decade(rng));
+    for (int64_t j = 0; j < width; ++j) v[t * width + j] = normal(rng) * mag;
+  }
+  std::vector<double> w(width);
+  for (double& x : w) x = round_to(DType::kBF16, weight(rng));
+  const float scale = input_scale(DType::kF8E4M3, v.data(), v.size());
+  std::vector<uint8_t> raw(v.size());
+  std::vector<double> stored(v.size());
+  quantise(v.data(), DType::kF8E4M3, scale, 0, v.size(), raw.data(), stored.data());
+  const std::vector<double> original(v.begin(), v.end());
+  const auto gold = rms_norm_fp64(stored, w, tokens, width, kEps);
+  const auto gold_original = rms_norm_fp64(original, w, tokens, width, kEps);
+  const ErrorMetrics golds_apart = compare(gold, gold_original);
+  EXPECT_GT(golds_apart.rmse, 0.0);
+  for (NormOrder order : {NormOrder::kOlmo2, NormOrder::kLlama}) {
+    SCOPED_TRACE(to_string(order));
+    const auto kernel =
+        rms_norm_emulated(stored, w, tokens, width, kEps, order, output_dtype_for(DType::kF8E4M3));
+    const ErrorMetrics own = compare(kernel, gold), e2e = compare(kernel, gold_original);
+    EXPECT_GT(own.rmse, 0.0);
+    EXPECT_GE(e2e.max_abs, own.max_abs);
+    EXPECT_GE(e2e.mean_abs, own.mean_abs);
+    // Unit roundoffs 16x apart; the observed ratio is 12-16 here: well above 4.
+    EXPECT_GT(e2e.rmse, 4 * own.rmse);
+    // Outputs of RMS ~1.2 (the weights' RMS) with relative errors of a few 2^-5: a few 1e-2.
+    EXPECT_GT(e2e.rmse, 5e-3);
+    EXPECT_LT(e2e.rmse, 0.2);
+    // The tolerance holds the kernel to the stored inputs; against the original values it must
+    // fail, which is why the benchmark reports the end-to-end error and does not bound it.
+    EXPECT_EQ(count_out_of_tolerance(kernel, gold, DType::kBF16, order), 0);
+    EXPECT_GT(count_out_of_tolerance(kernel, gold_original, DType::kBF16, order), 0);
+  }
+}
+
 // ---------------------------------------------------------------- names
 
 TEST(Names, RoundTripAndAliases) {

@@ -6,6 +6,8 @@
 #include <future>
 #include <thread>
 
+#include "epilogue_reference.hpp"
+
 namespace swiftqk::testing {
 
 namespace {
@@ -23,9 +25,10 @@ void parallel_for(int64_t n, F f) {
 }
 
 // Row t draws from its own generator seeded by (seed, t), so rows fill in parallel and the
-// values do not depend on the number of threads.
-void fill_rows(std::vector<uint8_t>& raw, std::vector<double>& exact, int64_t tokens, int64_t width,
-               DType in, float& scale, uint64_t seed) {
+// values do not depend on the number of threads. `original`, where given, gets the values drawn
+// (before quantisation: the end-to-end gold's inputs).
+void fill_rows(std::vector<uint8_t>& raw, std::vector<double>& exact, std::vector<double>* original,
+               int64_t tokens, int64_t width, DType in, float& scale, uint64_t seed) {
   std::vector<float> v(static_cast<std::size_t>(tokens * width));
   parallel_for(tokens, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -40,20 +43,13 @@ void fill_rows(std::vector<uint8_t>& raw, std::vector<double>& exact, int64_t to
       }
     }
   });
-  scale = 1.f;
-  if (in == DType::kF8E4M3) {
-    float amax = 0.f;
-    for (float x : v) amax = std::max(amax, std::fabs(x));
-    scale = amax / 448.f;
-  }
+  scale = ref::input_scale(in, v.data(), v.size());
   raw.assign(v.size() * dtype_size(in), 0);
   exact.resize(v.size());
   parallel_for(static_cast<int64_t>(v.size()), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      ref::store_element(raw.data(), in, i, v[i] / scale);
-      exact[i] = ref::load_element(raw.data(), in, i) * scale;
-    }
+    ref::quantise(v.data(), in, scale, i0, i1, raw.data(), exact.data());
   });
+  if (original != nullptr) original->assign(v.begin(), v.end());
 }
 
 void fill_weight(std::vector<uint8_t>& raw, std::vector<double>& exact, int64_t width, DType out,
@@ -93,8 +89,10 @@ Problem Problem::random(int64_t tokens, int64_t q_width, int64_t k_width, DType 
 }
 
 void Problem::refill(uint64_t seed) {
-  fill_rows(q, qd, tokens, q_width, in, q_scale, seed * 2 + 1);
-  fill_rows(k, kd, tokens, k_width, in, k_scale, seed * 2 + 2);
+  qo.clear();
+  ko.clear();
+  fill_rows(q, qd, quantised() ? &qo : nullptr, tokens, q_width, in, q_scale, seed * 2 + 1);
+  fill_rows(k, kd, quantised() ? &ko : nullptr, tokens, k_width, in, k_scale, seed * 2 + 2);
 }
 
 namespace {
@@ -113,6 +111,14 @@ std::vector<double> gold_of(const std::vector<double>& x, const std::vector<doub
 
 std::vector<double> Problem::gold_q() const { return gold_of(qd, wqd, tokens, q_width, eps); }
 std::vector<double> Problem::gold_k() const { return gold_of(kd, wkd, tokens, k_width, eps); }
+std::vector<double> Problem::gold_q_original() const {
+  SWIFTQK_EXPECTS(quantised(), "Problem::gold_q_original: the inputs are not quantised");
+  return gold_of(qo, wqd, tokens, q_width, eps);
+}
+std::vector<double> Problem::gold_k_original() const {
+  SWIFTQK_EXPECTS(quantised(), "Problem::gold_k_original: the inputs are not quantised");
+  return gold_of(ko, wkd, tokens, k_width, eps);
+}
 
 RankData make_rank(const Problem& p, int world, int rank, Layout layout) {
   RankData d;
@@ -215,20 +221,52 @@ void gather(const void* dev, int64_t stride, int64_t tokens, int64_t width, int6
 }  // namespace
 
 namespace {
-// The error metrics and the out-of-tolerance counts of Q and K: four independent serial passes,
-// run at once (each one's result is the same as run alone).
-void compare_both(const Problem& p, const std::vector<double>& q, const std::vector<double>& gq,
-                  const std::vector<double>& k, const std::vector<double>& gk, Check& c) {
+// The gold outputs of rank `rank`'s columns of `world` (world 1: the full width): of the stored
+// inputs and, for quantised inputs, of the values before quantisation (else empty).
+struct Golds {
+  std::vector<double> q, k, q_original, k_original;
+};
+
+Golds golds_of(const Problem& p, int world, int rank) {
+  auto columns = [&](std::vector<double> full, int64_t width) {
+    if (world == 1) return full;  // moved, not copied: at 16384 tokens it is a gigabyte
+    return ref::column_shard(full, p.tokens, width, world, rank);
+  };
+  Golds g{columns(p.gold_q(), p.q_width), columns(p.gold_k(), p.k_width), {}, {}};
+  if (p.quantised()) {
+    g.q_original = columns(p.gold_q_original(), p.q_width);
+    g.k_original = columns(p.gold_k_original(), p.k_width);
+  }
+  return g;
+}
+
+// The error metrics and the out-of-tolerance counts of Q and K against the gold of the stored
+// inputs, and for quantised inputs the metrics against the gold of the values before
+// quantisation: independent serial passes, run at once (each one's result is the same as run
+// alone). The tolerance holds the kernel to the stored inputs only: the end-to-end error is
+// quantisation error, reported, not bounded.
+void compare_both(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
+                  const Golds& g, Check& c) {
   auto count = [&p](const std::vector<double>& got, const std::vector<double>& gold) {
     return ref::count_out_of_tolerance(got, gold, p.out(), p.order);
   };
-  auto q_metrics = std::async(std::launch::async, [&] { return ref::compare(q, gq); });
-  auto k_metrics = std::async(std::launch::async, [&] { return ref::compare(k, gk); });
-  auto q_wrong = std::async(std::launch::async, [&] { return count(q, gq); });
-  const int64_t k_wrong = count(k, gk);
+  auto q_metrics = std::async(std::launch::async, [&] { return ref::compare(q, g.q); });
+  auto k_metrics = std::async(std::launch::async, [&] { return ref::compare(k, g.k); });
+  auto q_wrong = std::async(std::launch::async, [&] { return count(q, g.q); });
+  std::future<ref::ErrorMetrics> q_e2e, k_e2e;
+  if (p.quantised()) {
+    q_e2e = std::async(std::launch::async, [&] { return ref::compare(q, g.q_original); });
+    k_e2e = std::async(std::launch::async, [&] { return ref::compare(k, g.k_original); });
+  }
+  const int64_t k_wrong = count(k, g.k);
   c.q = q_metrics.get();
   c.k = k_metrics.get();
   c.wrong = q_wrong.get() + k_wrong;
+  c.has_e2e = p.quantised();
+  if (c.has_e2e) {
+    c.q_e2e = q_e2e.get();
+    c.k_e2e = k_e2e.get();
+  }
 }
 }  // namespace
 
@@ -253,8 +291,7 @@ Check check_ranks(const Problem& p, int world, const std::vector<RankData*>& ran
       c.rstd_identical = false;
     }
   }
-  const std::vector<double> gq = p.gold_q(), gk = p.gold_k();
-  compare_both(p, q, gq, k, gk, c);
+  compare_both(p, q, k, golds_of(p, 1, 0), c);
   if (c.wrong > 0) {
     c.first_error = "q max_abs " + std::to_string(c.q.max_abs) + " at " +
                     std::to_string(c.q.worst_index) + ", k max_abs " + std::to_string(c.k.max_abs) +
@@ -267,15 +304,10 @@ Check check_rank(const Problem& p, int world, int rank, const RankData& d) {
   Check c;
   const int64_t T = p.tokens, qs = p.q_width / world, ks = p.k_width / world;
   const QkNormParams& prm = d.params;
-  std::vector<double> q(T * qs), k(T * ks), gq_slice(T * qs), gk_slice(T * ks);
+  std::vector<double> q(T * qs), k(T * ks);
   gather(prm.q.out, prm.q.out_stride, T, qs, qs, 0, p.out(), q);
   gather(prm.k.out, prm.k.out_stride, T, ks, ks, 0, p.out(), k);
-  const std::vector<double> gq = p.gold_q(), gk = p.gold_k();
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t j = 0; j < qs; ++j) gq_slice[t * qs + j] = gq[t * p.q_width + rank * qs + j];
-    for (int64_t j = 0; j < ks; ++j) gk_slice[t * ks + j] = gk[t * p.k_width + rank * ks + j];
-  }
-  compare_both(p, q, gq_slice, k, gk_slice, c);
+  compare_both(p, q, k, golds_of(p, world, rank), c);
   if (c.wrong > 0) {
     c.first_error = "rank " + std::to_string(rank) + ": q max_abs " + std::to_string(c.q.max_abs) +
                     ", k max_abs " + std::to_string(c.k.max_abs);

@@ -65,14 +65,19 @@ struct Problem {
   DType in = DType::kBF16;
   NormOrder order = NormOrder::kOlmo2;
   float eps = 1e-6f;
-  float q_scale = 1.f, k_scale = 1.f;  // fp8 dequantisation scales
-  std::vector<uint8_t> q, k;           // [tokens, width] in dtype `in`
-  std::vector<uint8_t> wq, wk;         // [width] in the output dtype
-  std::vector<double> qd, kd, wqd, wkd;
+  float q_scale = 1.f, k_scale = 1.f;    // fp8 dequantisation scales
+  std::vector<uint8_t> q, k;             // [tokens, width] in dtype `in`
+  std::vector<uint8_t> wq, wk;           // [width] in the output dtype
+  std::vector<double> qd, kd, wqd, wkd;  // the stored values (fp8: dequantised)
+  std::vector<double> qo, ko;            // quantised inputs only: the values before quantisation
 
   DType out() const { return output_dtype_for(in); }
+  /// Whether the inputs are stored with a per-tensor scale (fp8): only then do the stored values
+  /// differ from the values drawn by more than the input type's own rounding.
+  bool quantised() const { return in == DType::kF8E4M3; }
   /// Normal values with a per-token magnitude spread over ~2 decades (never zeros); weights
-  /// uniform in [0.25, 2). fp8 inputs get a per-tensor scale (amax / 448) and a saturating cast.
+  /// uniform in [0.25, 2). fp8 inputs get a per-tensor scale (amax / 448) and a saturating cast,
+  /// and keep the values drawn (qo, ko) for the end-to-end gold.
   static Problem random(int64_t tokens, int64_t q_width, int64_t k_width, DType in, NormOrder order,
                         float eps, uint64_t seed);
   /// Refills q and k with fresh random values (weights kept).
@@ -81,6 +86,10 @@ struct Problem {
   /// ref::rms_norm_fp64_rows); at 16384 tokens a serial reference took seconds per check.
   std::vector<double> gold_q() const;
   std::vector<double> gold_k() const;
+  /// The same of the values before quantisation (quantised inputs only): the end-to-end gold, the
+  /// one an fp8 pipeline is judged by, quantisation error included.
+  std::vector<double> gold_q_original() const;
+  std::vector<double> gold_k_original() const;
 };
 
 /// How a rank's Q and K shards sit in memory.
@@ -122,6 +131,10 @@ void poison(RankData& d, cudaStream_t s);
 struct Check {
   int64_t wrong = 0;  // elements outside the dtype's tolerance (NaN counts)
   ref::ErrorMetrics q, k;
+  // Quantised inputs only (has_e2e): the same outputs against the gold of the values before
+  // quantisation. q and k measure the kernel; these measure what fp8 costs end to end.
+  bool has_e2e = false;
+  ref::ErrorMetrics q_e2e, k_e2e;
   bool rstd_identical = true;  // every rank reported bitwise-identical 1/rms (when rstd kept)
   std::string first_error;
 };

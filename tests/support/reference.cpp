@@ -173,6 +173,21 @@ void store_element(void* base, DType t, std::size_t index, double value) {
   SWIFTQK_FAIL("invalid DType value " + std::to_string(static_cast<int>(t)));
 }
 
+float input_scale(DType t, const float* v, std::size_t n) {
+  if (t != DType::kF8E4M3) return 1.f;
+  float amax = 0.f;
+  for (std::size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[i]));
+  return amax / 448.f;
+}
+
+void quantise(const float* v, DType t, float scale, std::size_t begin, std::size_t end, void* raw,
+              double* stored) {
+  for (std::size_t i = begin; i < end; ++i) {
+    store_element(raw, t, i, v[i] / scale);  // the division in float, as a kernel scales
+    stored[i] = load_element(raw, t, i) * scale;
+  }
+}
+
 std::vector<double> rms_norm_fp64(const std::vector<double>& x, const std::vector<double>& w,
                                   int64_t tokens, int64_t width, double eps) {
   check_shapes(x, w, tokens, width);
@@ -340,6 +355,22 @@ ErrorMetrics compare(const std::vector<double>& got, const std::vector<double>& 
     m.mean_abs = sum_abs / static_cast<double>(finite);
     m.rmse = std::sqrt(sum_sq / static_cast<double>(finite));
   }
+  return m;
+}
+
+ErrorMetrics pool(const std::vector<ErrorMetrics>& parts) {
+  ErrorMetrics m;
+  double sum_abs = 0, sum_sq = 0;
+  for (const ErrorMetrics& p : parts) {
+    m.max_abs = std::max(m.max_abs, p.max_abs);
+    m.count += p.count;
+    m.nonfinite += p.nonfinite;
+    sum_abs += p.mean_abs * p.count;
+    sum_sq += p.rmse * p.rmse * p.count;
+  }
+  const double n = std::max<double>(1, static_cast<double>(m.count));
+  m.mean_abs = sum_abs / n;
+  m.rmse = std::sqrt(sum_sq / n);
   return m;
 }
 

@@ -31,6 +31,16 @@ double load_element(const void* base, DType t, std::size_t index);
 /// @brief Stores value as double -> float -> t (RNE; saturating for fp8).
 void store_element(void* base, DType t, std::size_t index, double value);
 
+/// @brief The per-tensor dequantisation scale of n values stored as t: amax / 448 for fp8 (the
+/// largest magnitude then stores as 448, the top of the e4m3 grid), 1 for the other types.
+float input_scale(DType t, const float* v, std::size_t n);
+
+/// @brief Elements [begin, end) of v stored as t: v[i] / scale rounded to t (RNE, saturating for
+/// fp8) into the raw buffer, and the value stored times the scale (the dequantised input, exact in
+/// double) into stored[i]. Callers may split the range across threads and get the same bits.
+void quantise(const float* v, DType t, float scale, std::size_t begin, std::size_t end, void* raw,
+              double* stored);
+
 /// @brief Gold reference in double: y = w * x / sqrt(mean(x^2) + eps) per row of x
 /// [tokens, width] (row-major); w has `width` entries.
 std::vector<double> rms_norm_fp64(const std::vector<double>& x, const std::vector<double>& w,
@@ -74,6 +84,11 @@ struct ErrorMetrics {
 /// @brief Error of got against ref. Any nonfinite mismatch sets max_abs = +inf; mean_abs and rmse
 /// average the finite pairs only so they stay informative.
 ErrorMetrics compare(const std::vector<double>& got, const std::vector<double>& ref);
+
+/// @brief The metrics of disjoint sets pooled into those of their union: the largest max_abs, the
+/// count-weighted mean_abs and mean square (rmse), the counts summed. worst_index is -1: the
+/// parts index different arrays.
+ErrorMetrics pool(const std::vector<ErrorMetrics>& parts);
 
 /// @brief Bound `rel` for |got - gold| <= rel * max(|gold|, absolute_floor(out)).
 double relative_tolerance(DType out, NormOrder order);

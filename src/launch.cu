@@ -140,9 +140,9 @@ struct FootprintOnDevice {
       f.smem_bytes = detail::staged_smem_bytes(row_vectors, c.shape.tokens_per_block, weight_bytes,
                                                c.depth.stages);
     }
-    f.blocks_per_sm = max_blocks_per_sm(
-        reinterpret_cast<const void*>(kernels.of(c.shape, c.orders)),
-        c.shape.block_threads(), f.smem_bytes, device);
+    f.blocks_per_sm =
+        max_blocks_per_sm(reinterpret_cast<const void*>(kernels.of(c.shape, c.orders)),
+                          c.shape.block_threads(), f.smem_bytes, device);
     return f;
   }
 };
@@ -244,8 +244,9 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   LaunchArgs a = launch_args_of(plan, p0, s0, world);
   // Every instantiation comes from one build: one of them answers for all.
   const bool pdl =
-      p0.pdl && can_launch_pdl(reinterpret_cast<const void*>(kernels.of(plan.shape, plan.chunk(0).orders)),
-                               s0.device);
+      p0.pdl &&
+      can_launch_pdl(reinterpret_cast<const void*>(kernels.of(plan.shape, plan.chunk(0).orders)),
+                     s0.device);
   a.pdl = pdl ? 1 : 0;
 
   const bool capturing = detail::stream_capturing(stream);
@@ -267,8 +268,8 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     for (std::size_t r = 0; r < comms.size(); ++r) {
       a.r[r] = detail::rank_args_for(comms[r]->state(), params[r], c.first_token);
     }
-    detail::launch_kernel(kernels.of(plan.shape, c.orders), c.grid.grid(), plan.shape.block_threads(),
-                          plan.smem_bytes, stream, a, pdl);
+    detail::launch_kernel(kernels.of(plan.shape, c.orders), c.grid.grid(),
+                          plan.shape.block_threads(), plan.smem_bytes, stream, a, pdl);
   }
   for (Communicator* c : comms) c->state().end_launch(stream, capturing);
 }

@@ -200,9 +200,8 @@ DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, 
       // Forced: the first that fits. Else the fewest slots, then 4 vectors a thread (the
       // default layouts' count), then the fewest threads.
       const bool better =
-          !found || (forced_vpt == 0 &&
-                     (slots < best_slots || (slots == best_slots && vpt == 4 &&
-                                             d.shape.vectors_per_thread != 4)));
+          !found || (forced_vpt == 0 && (slots < best_slots || (slots == best_slots && vpt == 4 &&
+                                                                d.shape.vectors_per_thread != 4)));
       if (!better) continue;
       found = true;
       best_slots = slots;
@@ -213,10 +212,10 @@ DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, 
     }
   }
   if (!found) {
-    SWIFTQK_EXPECTS(forced_vpt == 0,
-                    "deterministic mode: no layout stages local widths " +
-                        std::to_string(q_width) + " and " + std::to_string(k_width) + " in " +
-                        std::to_string(forced_vpt) + " vectors per thread");
+    SWIFTQK_EXPECTS(forced_vpt == 0, "deterministic mode: no layout stages local widths " +
+                                         std::to_string(q_width) + " and " +
+                                         std::to_string(k_width) + " in " +
+                                         std::to_string(forced_vpt) + " vectors per thread");
     d.shape.group_threads = kCanonicalLanes * segments;  // streamed, one warp a segment
     d.shape.vectors_per_thread = 0;
     d.shape.det_lanes = 1;

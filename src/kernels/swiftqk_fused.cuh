@@ -20,14 +20,20 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 /// Register caps of the staged kernel. Alone, 48 (no spills) lets 5 blocks of 256 threads share an
 /// SM instead of 4; with peers the exchange needs 64 (at 48 it spills and is slower at 4096
-/// tokens; CHANGELOG.md, "Tried and dropped"). Eight vectors a thread spill under 48, and so do
-/// the deterministic layouts (their canonical lanes), which take 56 alone: at 384-thread blocks
-/// as many fit an SM.
+/// tokens; CHANGELOG.md, "Tried and dropped"). Eight vectors a thread spill under 48. The
+/// deterministic layouts (det_lanes canonical lanes a thread) spill under those caps: alone they
+/// take 56, and with peers 72 when a thread holds several lanes; one-lane layouts (a warp a
+/// segment, OLMo2-13B's) keep 64 with peers, where 72 left fewer of their 256-thread blocks an SM
+/// and was slower than the spill (CHANGELOG.md).
 constexpr int kAloneMaxRegs = 48;
 constexpr int kMaxRegs = 64;
 constexpr int kDetAloneMaxRegs = 56;
-constexpr int max_regs(bool alone, int vpt, bool det = false) {
-  if (det && alone && vpt > 0 && vpt < 8) return kDetAloneMaxRegs;
+constexpr int kDetLanesMaxRegs = 72;
+constexpr int max_regs(bool alone, int vpt, int det_lanes) {
+  if (det_lanes > 0 && vpt > 0 && vpt < 8) {
+    if (alone) return kDetAloneMaxRegs;
+    return det_lanes > 1 ? kDetLanesMaxRegs : kMaxRegs;
+  }
   return alone && vpt > 0 && vpt < 8 ? kAloneMaxRegs : kMaxRegs;
 }
 
@@ -511,7 +517,7 @@ __device__ __forceinline__ void det_thread_sums(const Vec<Tin, VEC>* x, const Sl
 template <typename Tin, int VEC, int VPT, bool kOlmo2, bool kLamport, bool kAlone,
           SlotLayout kSlotOrder = SlotLayout::kTokenMajor,
           BlockOrder kBlockOrder = BlockOrder::kRankMajor, int kDetLanes = 0>
-__global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLanes > 0))
+__global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLanes))
     swiftqk_fused_kernel(const __grid_constant__ LaunchArgs a) {
   constexpr bool kDet = kDetLanes > 0;
   // Deterministic mode: threads a segment takes; a streamed row keeps one warp a segment.

@@ -110,14 +110,14 @@ TEST(DeterministicShape, FewestSlotsThenFourVectorsAThread) {
            Want{256, 256, 8, 8, 16, 4, 2, 4},  // OLMoE TP 8: two segments of 8 threads
            // OLMo2-13B TP 1: 40 vectors a segment: 512 x 4 slots, as many as 256 x 8.
            Want{5120, 5120, 8, 1, 512, 1, 2, 4},
-           Want{6144, 1024, 8, 1, 256, 2, 3, 4},  // MiniMax-M2 TP 1: 48 and 8 vectors
-           Want{4096, 4096, 8, 1, 256, 2, 2, 4},  // OLMo2-7B TP 1: 32 vectors a segment
-           Want{128, 128, 8, 16, 16, 2, 1, 2},    // TP 16: 16 lanes, one per rank
+           Want{6144, 1024, 8, 1, 256, 2, 3, 4},   // MiniMax-M2 TP 1: 48 and 8 vectors
+           Want{4096, 4096, 8, 1, 256, 2, 2, 4},   // OLMo2-7B TP 1: 32 vectors a segment
+           Want{128, 128, 8, 16, 16, 2, 1, 2},     // TP 16: 16 lanes, one per rank
            Want{12288, 2048, 8, 1, 512, 1, 3, 4},  // 96 and 16 vectors a segment
        }) {
     const DeterministicShape d = deterministic_kernel_shape(w.q, w.k, w.vec, w.world, 256);
-    const std::string at = std::to_string(w.q) + ":" + std::to_string(w.k) + " TP " +
-                           std::to_string(w.world);
+    const std::string at =
+        std::to_string(w.q) + ":" + std::to_string(w.k) + " TP " + std::to_string(w.world);
     EXPECT_EQ(d.shape.group_threads, w.group_threads) << at;
     EXPECT_EQ(d.shape.det_lanes, w.lanes) << at;
     EXPECT_EQ(d.q_slots, w.q_slots) << at;

@@ -38,7 +38,7 @@ bool tp_allowed(const Problem& p, int world) {
 
 // One call of p at TP `world` (virtual ranks, one group launch), checked against float64 first.
 Gathered run_at(const Problem& p, int world, bool det = true, int64_t capacity = 16384,
-                 const LaunchTuning& tuning = {}) {
+                const LaunchTuning& tuning = {}) {
   CommConfig cfg;
   cfg.token_capacity = capacity;
   cfg.chunk_oversize = true;
@@ -187,8 +187,7 @@ TEST(Deterministic, EveryForcedLaunchShapeWritesTheSameBits) {
               deterministic_kernel_shape(sh.q / world, sh.k / world, 8, world, 256, vpt);
             } catch (const Error& e) {
               fits = false;  // e.g. 40 vectors a segment in 2 slots a thread
-              EXPECT_NE(std::string(e.what()).find("vectors per thread"), std::string::npos)
-                  << at;
+              EXPECT_NE(std::string(e.what()).find("vectors per thread"), std::string::npos) << at;
             }
             if (!fits) {
               ++refused;

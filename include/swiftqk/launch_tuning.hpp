@@ -35,7 +35,8 @@ struct LaunchTuning {
   /// 16-byte vectors each thread stages of a row: 1, 2, 4 or 8 (the kernel's instantiations);
   /// 0 = tuned. A row then takes the fewest lanes that hold it (at least 8, and one a rank), and
   /// short rows are not packed otherwise. Rows that stream (over 2048 vectors, or the scalar
-  /// path) ignore it.
+  /// path) ignore it. In the deterministic mode, 2, 4 or 8: the fewest threads a segment whose
+  /// slots fit (a count no layout fits is refused by name); its bits do not change.
   int vectors_per_thread = 0;
   /// Threads a block aims at, 32..1024: token groups are added while the block stays within it
   /// (at least one); 0 = tuned (384 alone, 256 with peers).

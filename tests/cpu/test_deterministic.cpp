@@ -179,6 +179,157 @@ TEST(DeterministicShape, EveryLayoutHoldsItsSegmentsLanesAndSlots) {
   }
 }
 
+// The kernel's procedure for one rank's row, step for step, on the host: each thread's staged
+// slots (Q from the first up, K from the last down), its canonical lanes' totals and their tree,
+// the shuffles of a segment, the scaled leaf, the segments' shuffles inside the warp and the
+// warps' group_sum. Staged layouts only (a streamed row is one warp a segment, the order itself).
+enum class Mutation { kNone, kLaneTreeAscending, kSegmentsDescending };  // negative controls
+
+float kernel_rank_sum(const float* row, int64_t width, int vec, int world, const KernelShape& s,
+                      int q_slots, bool is_q, float scale, Mutation mutation = Mutation::kNone) {
+  const int lanes = s.det_lanes, p = 32 / lanes, segs = 16 / world, g = s.group_threads;
+  const int vpt = s.vectors_per_thread;
+  const int64_t seg = width / vec / segs;
+  auto vec_sum = [&](int64_t i) {
+    float a = 0.f;
+    for (int e = 0; e < vec; ++e) a = std::fma(row[i * vec + e], row[i * vec + e], a);
+    return a;
+  };
+  std::vector<float> val(static_cast<std::size_t>(g));
+  for (int gt = 0; gt < g; ++gt) {
+    const int det_seg = gt / p, det_p = gt % p;
+    std::vector<float> lane(static_cast<std::size_t>(lanes), 0.f);
+    for (int step = 0; step < vpt; ++step) {
+      const int v = is_q ? step : vpt - 1 - step;  // K slots are read from the last one down
+      if ((v < q_slots) != is_q) continue;
+      const int u = is_q ? v : vpt - 1 - v;
+      const int64_t j = det_p + static_cast<int64_t>(p) * u;
+      if (j >= seg) continue;
+      lane[static_cast<std::size_t>(u % lanes)] += vec_sum(det_seg * seg + j);
+    }
+    if (mutation == Mutation::kLaneTreeAscending) {
+      for (int h = 1; h < lanes; h <<= 1) {
+        for (int i = 0; i + h < lanes; i += 2 * h) lane[i] += lane[i + h];
+      }
+    } else {
+      for (int h = lanes / 2; h > 0; h >>= 1) {
+        for (int i = 0; i < h; ++i) lane[i] += lane[i + h];
+      }
+    }
+    val[static_cast<std::size_t>(gt)] = lane[0];
+  }
+  auto shuffle = [&](int off) {  // __shfl_xor_sync within each warp
+    std::vector<float> next(val.size());
+    for (std::size_t t = 0; t < val.size(); ++t) {
+      next[t] = val[t] + val[t ^ static_cast<std::size_t>(off)];
+    }
+    val.swap(next);
+  };
+  for (int off = p / 2; off > 0; off >>= 1) shuffle(off);
+  for (float& x : val) x = x * scale * scale;
+  const int w = std::min(g, 32);
+  if (mutation == Mutation::kSegmentsDescending) {
+    for (int off = w / 2; off >= p; off >>= 1) shuffle(off);
+  } else {
+    for (int off = p; off < w; off <<= 1) shuffle(off);
+  }
+  if (g <= 32) return val[0];
+  const int warps = g / 32;
+  std::vector<float> part(static_cast<std::size_t>(warps));
+  for (int i = 0; i < warps; ++i) part[i] = val[static_cast<std::size_t>(32 * i)];
+  for (int off = 1; off < warps; off <<= 1) {
+    std::vector<float> next(part.size());
+    for (std::size_t j = 0; j < part.size(); ++j) next[j] = part[j] + part[j ^ off];
+    part.swap(next);
+  }
+  return part[0];
+}
+
+// For every layout the policy or a forced count takes, the kernel's procedure on each rank, with
+// the ranks' partials in the exchange's butterfly, gives the canonical sum's bits.
+TEST(DeterministicShape, KernelProcedureOfEveryLayoutIsTheCanonicalOrder) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  int layouts = 0;
+  for (int world : {1, 2, 4, 8, 16}) {
+    for (auto [q, k] : std::vector<std::pair<int64_t, int64_t>>{{2048, 2048},
+                                                                {4096, 4096},
+                                                                {5120, 5120},
+                                                                {5120, 1024},
+                                                                {6144, 1024},
+                                                                {12288, 2048},
+                                                                {2048, 256 * 16},
+                                                                {128 * 24, 128 * 40}}) {
+      for (int forced : {0, 2, 4, 8}) {
+        const int vec = 8;
+        if (q % (16 * vec) != 0 || k % (16 * vec) != 0) continue;
+        DeterministicShape d;
+        try {
+          d = deterministic_kernel_shape(q / world, k / world, vec, world, 256, forced);
+        } catch (const Error&) {
+          continue;  // a forced count no layout fits (the test above checks the message)
+        }
+        if (d.shape.vectors_per_thread == 0) continue;
+        ++layouts;
+        std::vector<float> qrow(q), krow(k);
+        for (float& x : qrow) x = nd(rng) * std::pow(10.f, nd(rng) * 0.5f);
+        for (float& x : krow) x = nd(rng);
+        const float scale = 0.75f;
+        for (const bool is_q : {true, false}) {
+          const std::vector<float>& row = is_q ? qrow : krow;
+          const int64_t full = is_q ? q : k, local = full / world;
+          std::vector<float> partial(static_cast<std::size_t>(world));
+          for (int r = 0; r < world; ++r) {
+            partial[r] = kernel_rank_sum(row.data() + r * local, local, vec, world, d.shape,
+                                         d.q_slots, is_q, scale);
+          }
+          for (int off = 1; off < world; off <<= 1) {
+            std::vector<float> next(partial.size());
+            for (std::size_t j = 0; j < partial.size(); ++j)
+              next[j] = partial[j] + partial[j ^ off];
+            partial.swap(next);
+          }
+          const float want = ref::canonical_sum_of_squares(row.data(), full, vec, scale);
+          uint32_t got_bits, want_bits;
+          std::memcpy(&got_bits, &partial[0], 4);
+          std::memcpy(&want_bits, &want, 4);
+          EXPECT_EQ(got_bits, want_bits)
+              << (is_q ? "Q " : "K ") << q << ":" << k << " TP " << world << " forced " << forced
+              << " lanes " << d.shape.det_lanes << " vpt " << d.shape.vectors_per_thread;
+        }
+      }
+    }
+  }
+  EXPECT_GE(layouts, 60);
+}
+
+// The negative control: the same procedure with its thread's lane tree taken in ascending
+// offsets, or the segments' shuffles in descending ones, gives other bits on some rows.
+TEST(DeterministicShape, KernelProcedureCatchesAnotherTreeOrder) {
+  // OLMo2-7B at TP 1 in 8 slots: 4 lanes a thread, each with a vector of Q; 4 segments a warp.
+  const int64_t q = 4096, k = 4096;
+  const DeterministicShape d = deterministic_kernel_shape(q, k, 8, 1, 256, 8);
+  ASSERT_EQ(d.shape.det_lanes, 4);
+  ASSERT_EQ(d.q_slots, 4);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> row(q);
+  int differ[2] = {0, 0};
+  for (int trial = 0; trial < 50; ++trial) {
+    for (float& x : row) x = nd(rng) * std::pow(10.f, nd(rng));
+    const float want = ref::canonical_sum_of_squares(row.data(), q, 8, 1.f);
+    EXPECT_EQ(kernel_rank_sum(row.data(), q, 8, 1, d.shape, d.q_slots, true, 1.f), want);
+    for (int m : {1, 2}) {
+      const Mutation mu = m == 1 ? Mutation::kLaneTreeAscending : Mutation::kSegmentsDescending;
+      if (kernel_rank_sum(row.data(), q, 8, 1, d.shape, d.q_slots, true, 1.f, mu) != want) {
+        ++differ[m - 1];
+      }
+    }
+  }
+  EXPECT_GT(differ[0], 0) << "an ascending lane tree must change the bits on some rows";
+  EXPECT_GT(differ[1], 0) << "descending segment shuffles must change the bits on some rows";
+}
+
 TEST(DeterministicShape, RejectsTpDegreesAndWidthsNamingThem) {
   testing::expect_error([] { deterministic_kernel_shape(2048, 2048, 8, 3, 256); }, {"TP degree 3"});
   testing::expect_error([] { deterministic_kernel_shape(2048, 2048, 8, 32, 256); },

@@ -340,6 +340,13 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
     if (take_shallow_pipeline(launch_tokens, resident_groups(lay), resident_groups(s))) lay = s;
   }
 
+  // A forced block size the kernel's registers or shared memory cannot hold is the caller's
+  // choice to change: name it.
+  SWIFTQK_EXPECTS(lay.footprint.blocks_per_sm >= 1 || t.block_threads == 0,
+                  "launch: LaunchTuning::block_threads " + std::to_string(t.block_threads) +
+                      " gives blocks of " + std::to_string(lay.shape.block_threads()) +
+                      " threads that this kernel cannot hold on an SM (occupancy 0: its "
+                      "registers or shared memory); ask for fewer threads");
   LaunchPlan plan;
   plan.shape = lay.shape;
   plan.depth = lay.depth;

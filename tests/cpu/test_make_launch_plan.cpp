@@ -351,6 +351,11 @@ TEST(MakeLaunchPlan, BadRequestsAndTuningsThrow) {
   auto none = [](const KernelCandidate&) { return KernelFootprint{0, 0}; };
   EXPECT_TRUE(testing::throws_error([&] { make_launch_plan(bf16_request(m, 2, 64), none); },
                                     "occupancy 0"));
+  // Under a forced block size, the error names the tuning field and the size.
+  LaunchTuning big;
+  big.block_threads = 1024;
+  testing::expect_error([&] { make_launch_plan(bf16_request(m, 2, 64, big), none); },
+                        {"LaunchTuning::block_threads 1024", "occupancy 0"});
 }
 
 TEST(MakeLaunchPlan, DeterministicModeTakesItsOwnShapeAndTheDefaultOrders) {

@@ -615,15 +615,13 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
   // This thread's vector slots are the same for every token: whether slot v lies in the row, in
   // Q or K, and its element offset there. Per token only the two row starts are computed.
   constexpr int kSlots = VPT > 0 ? VPT : 1;
-  [[maybe_unused]] bool v_in[kSlots], v_q[kSlots];  // the default mode's
-  [[maybe_unused]] int v_off[kSlots];
+  bool v_in[kSlots], v_q[kSlots];
+  [[maybe_unused]] int v_off[kSlots];  // the default mode's
   // Deterministic mode: segment lengths in vectors (the rank's row holds G / P segments of Q
   // and as many of K), this thread's segment and its place p in it. Slot v < det_q_slots holds
   // Q vector p + P v of the thread's segment, slot VPT - 1 - u K vector p + P u: in the row,
-  // Q slot v is vector det_q0 + P v and K slot v vector det_k0 - P v, and bit v of det_in says
-  // whether slot v lies in the row (three registers, where arrays of offsets and flags
-  // spilled). Vector p + P u is canonical lane p + P (u % kDetLanes)'s (u / kDetLanes)-th: both
-  // are compile-time per slot.
+  // Q slot v is vector det_q0 + P v and K slot v vector det_k0 - P v (v_idx). Vector p + P u is
+  // canonical lane p + P (u % kDetLanes)'s (u / kDetLanes)-th: both are compile-time per slot.
   [[maybe_unused]] const int seg_q = kDet ? nq / (G / kDetP) : 0;
   [[maybe_unused]] const int seg_k = kDet ? (n - nq) / (G / kDetP) : 0;
   [[maybe_unused]] const int det_seg = gt / kDetP, det_p = gt % kDetP;

@@ -185,6 +185,14 @@ TEST(DeterministicShape, EveryLayoutHoldsItsSegmentsLanesAndSlots) {
 // warps' group_sum. Staged layouts only (a streamed row is one warp a segment, the order itself).
 enum class Mutation { kNone, kLaneTreeAscending, kSegmentsDescending };  // negative controls
 
+// One xor-butterfly level over v: every entry becomes v[j] + v[j ^ off], as lanes adding their
+// partners' values do (a warp's __shfl_xor_sync, group_sum's levels, the ranks' exchange).
+void xor_level(std::vector<float>& v, int off) {
+  std::vector<float> next(v.size());
+  for (std::size_t j = 0; j < v.size(); ++j) next[j] = v[j] + v[j ^ static_cast<std::size_t>(off)];
+  v.swap(next);
+}
+
 float kernel_rank_sum(const float* row, int64_t width, int vec, int world, const KernelShape& s,
                       int q_slots, bool is_q, float scale, Mutation mutation = Mutation::kNone) {
   const int lanes = s.det_lanes, p = 32 / lanes, segs = 16 / world, g = s.group_threads;
@@ -199,10 +207,9 @@ float kernel_rank_sum(const float* row, int64_t width, int vec, int world, const
   for (int gt = 0; gt < g; ++gt) {
     const int det_seg = gt / p, det_p = gt % p;
     std::vector<float> lane(static_cast<std::size_t>(lanes), 0.f);
-    for (int step = 0; step < vpt; ++step) {
-      const int v = is_q ? step : vpt - 1 - step;  // K slots are read from the last one down
+    for (int u = 0; u < vpt; ++u) {  // the tensor's u-th slot: K's count from the last one down
+      const int v = is_q ? u : vpt - 1 - u;
       if ((v < q_slots) != is_q) continue;
-      const int u = is_q ? v : vpt - 1 - v;
       const int64_t j = det_p + static_cast<int64_t>(p) * u;
       if (j >= seg) continue;
       lane[static_cast<std::size_t>(u % lanes)] += vec_sum(det_seg * seg + j);
@@ -218,13 +225,7 @@ float kernel_rank_sum(const float* row, int64_t width, int vec, int world, const
     }
     val[static_cast<std::size_t>(gt)] = lane[0];
   }
-  auto shuffle = [&](int off) {  // __shfl_xor_sync within each warp
-    std::vector<float> next(val.size());
-    for (std::size_t t = 0; t < val.size(); ++t) {
-      next[t] = val[t] + val[t ^ static_cast<std::size_t>(off)];
-    }
-    val.swap(next);
-  };
+  auto shuffle = [&](int off) { xor_level(val, off); };  // offsets below 32: within each warp
   for (int off = p / 2; off > 0; off >>= 1) shuffle(off);
   for (float& x : val) x = x * scale * scale;
   const int w = std::min(g, 32);
@@ -237,11 +238,7 @@ float kernel_rank_sum(const float* row, int64_t width, int vec, int world, const
   const int warps = g / 32;
   std::vector<float> part(static_cast<std::size_t>(warps));
   for (int i = 0; i < warps; ++i) part[i] = val[static_cast<std::size_t>(32 * i)];
-  for (int off = 1; off < warps; off <<= 1) {
-    std::vector<float> next(part.size());
-    for (std::size_t j = 0; j < part.size(); ++j) next[j] = part[j] + part[j ^ off];
-    part.swap(next);
-  }
+  for (int off = 1; off < warps; off <<= 1) xor_level(part, off);
   return part[0];
 }
 
@@ -283,12 +280,7 @@ TEST(DeterministicShape, KernelProcedureOfEveryLayoutIsTheCanonicalOrder) {
             partial[r] = kernel_rank_sum(row.data() + r * local, local, vec, world, d.shape,
                                          d.q_slots, is_q, scale);
           }
-          for (int off = 1; off < world; off <<= 1) {
-            std::vector<float> next(partial.size());
-            for (std::size_t j = 0; j < partial.size(); ++j)
-              next[j] = partial[j] + partial[j ^ off];
-            partial.swap(next);
-          }
+          for (int off = 1; off < world; off <<= 1) xor_level(partial, off);
           const float want = ref::canonical_sum_of_squares(row.data(), full, vec, scale);
           uint32_t got_bits, want_bits;
           std::memcpy(&got_bits, &partial[0], 4);

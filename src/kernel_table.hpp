@@ -12,8 +12,8 @@ using KernelFn = void (*)(LaunchArgs);
 
 /// Everything that selects an instantiation of swiftqk_fused_kernel besides the dtype.
 struct KernelKey {
-  bool vector_path = true;  // 16-byte vectors; else the scalar path (always streamed)
-  int vpt = 0;              // vectors a thread stages (0: streamed)
+  int vec_bytes = 16;  // 16- or 8-byte vectors; else (1) the scalar path, always streamed
+  int vpt = 0;         // vectors a thread stages (0: streamed)
   Method method = Method::kSwiftQK;
   NormOrder order = NormOrder::kOlmo2;
   bool alone = false;  // a group of one rank: no exchange

@@ -131,14 +131,15 @@ struct KernelPicker {
 // and its residency on this device.
 struct FootprintOnDevice {
   const KernelPicker& kernels;
-  int64_t row_vectors;  // 16-byte (or scalar) vectors of one rank's Q and K row
+  int64_t row_vectors;  // vectors (or scalar elements) of one rank's Q and K row
+  int vec_bytes;        // bytes of a staged vector
   std::size_t weight_bytes;
   int device;
   KernelFootprint operator()(const KernelCandidate& c) const {
     KernelFootprint f;
     if (c.shape.vectors_per_thread > 0) {
       f.smem_bytes = detail::staged_smem_bytes(row_vectors, c.shape.tokens_per_block, weight_bytes,
-                                               c.depth.stages);
+                                               c.depth.stages, vec_bytes);
     }
     f.blocks_per_sm =
         max_blocks_per_sm(reinterpret_cast<const void*>(kernels.of(c.shape, c.orders)),
@@ -147,20 +148,31 @@ struct FootprintOnDevice {
   }
 };
 
-// What the policy reads of a group launch. Every rank's rows must allow 16-byte vectors for the
-// vector path.
+// The vector access of a group launch: the widest that every rank's rows allow, within the
+// tuning's cap, among the widths the method's kernels have (16-byte vectors, 8-byte ones for
+// SwiftQK in the default mode, and the scalar path).
+int launch_vector_bytes(const std::vector<QkNormParams>& params) {
+  const QkNormParams& p0 = params[0];
+  int bytes = p0.tuning.max_vector_bytes == 0 ? 16 : p0.tuning.max_vector_bytes;
+  for (const QkNormParams& p : params) bytes = std::min(bytes, vector_bytes_for(p));
+  const bool has_half = p0.method == Method::kSwiftQK && !p0.deterministic;
+  if (bytes == 16 || (bytes == 8 && has_half)) return bytes;
+  return 1;
+}
+
+// What the policy reads of a group launch.
 LaunchRequest request_of(const std::vector<QkNormParams>& params, const detail::CommState& s0,
                          int world) {
   const QkNormParams& p0 = params[0];
-  bool vector_path = true;
-  for (const QkNormParams& p : params) vector_path = vector_path && vector_bytes_for(p) == 16;
+  const int vec_bytes = launch_vector_bytes(params);
   LaunchRequest r;
   r.world = world;
   r.ranks = static_cast<int>(params.size());
   r.tokens = p0.tokens;
   r.q_full_width = p0.q_full_width;
   r.k_full_width = p0.k_full_width;
-  r.vec_elems = vector_path ? static_cast<int>(16 / dtype_size(p0.in_dtype)) : 1;
+  r.vec_elems = vec_bytes > 1 ? static_cast<int>(vec_bytes / dtype_size(p0.in_dtype)) : 1;
+  r.vec_bytes = vec_bytes > 1 ? vec_bytes : 16;
   r.token_capacity = s0.config.token_capacity;
   r.sm_count = sm_count(s0.device);
   r.sm_budget = s0.config.sm_budget;
@@ -229,14 +241,14 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   detail::DeviceGuard guard(s0.device);
   const LaunchRequest req = request_of(params, s0, world);
   KernelPicker kernels{p0.in_dtype, {}};
-  kernels.key.vector_path = req.vec_elems > 1;
+  kernels.key.vec_bytes = req.vec_elems > 1 ? req.vec_bytes : 1;
   kernels.key.method = p0.method;
   kernels.key.order = p0.order;
   kernels.key.alone = world == 1;
   kernels.key.deterministic = p0.deterministic;
   const int64_t qw = p0.q_full_width / world, kw = p0.k_full_width / world;
   const FootprintOnDevice footprint{
-      kernels, qw / req.vec_elems + kw / req.vec_elems,
+      kernels, qw / req.vec_elems + kw / req.vec_elems, req.vec_bytes,
       static_cast<std::size_t>(qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)), s0.device};
   // By reference: the callback then holds one pointer and copies nothing.
   const LaunchPlan plan = make_launch_plan(req, std::cref(footprint));

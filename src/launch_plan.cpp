@@ -25,7 +25,8 @@ int groups_per_block(const KernelShape& s, int64_t n, int block_threads) {
   int64_t groups = std::max(1, std::min(block_threads, 1024) / s.group_threads);
   if (s.group_threads > 32) groups = std::min<int64_t>(groups, kMaxGroupsPerBlock);
   if (s.vectors_per_thread > 0) {
-    groups = std::min(groups, std::max<int64_t>(1, kMaxStagedRingBytes / (kMaxStages * 16 * n)));
+    groups = std::min(groups,
+                      std::max<int64_t>(1, kMaxStagedRingBytes / (kMaxStages * s.vec_bytes * n)));
   }
   return static_cast<int>(groups);
 }
@@ -40,12 +41,14 @@ int group_for(int64_t n, int vpt, int min_group) {
 }  // namespace
 
 KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems, int block_threads,
-                                int world, int forced_vpt) {
+                                int world, int forced_vpt, int vec_bytes) {
   SWIFTQK_EXPECTS(vec_elems >= 1 && q_width % vec_elems == 0 && k_width % vec_elems == 0,
                   "choose_kernel_shape: widths must be multiples of the vector size");
   SWIFTQK_EXPECTS(block_threads >= 32 && block_threads <= 1024,
                   "choose_kernel_shape: block_threads must be in [32, 1024]");
   SWIFTQK_EXPECTS(world >= 1, "choose_kernel_shape: world must be >= 1");
+  SWIFTQK_EXPECTS(vec_elems == 1 || vec_bytes == 16 || vec_bytes == 8,
+                  "choose_kernel_shape: vectors are of 16 or 8 bytes");
   SWIFTQK_EXPECTS(
       forced_vpt == 0 || forced_vpt == 1 || forced_vpt == 2 || forced_vpt == 4 || forced_vpt == 8,
       "choose_kernel_shape: forced vectors per thread must be 0, 1, 2, 4 or 8");
@@ -55,7 +58,8 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
   const int min_group = std::min(32, std::max(kMinGroupThreads, pow2_at_least(world)));
   KernelShape s;
   s.vec_elems = vec_elems;
-  if (vec_elems == 1 || n > kMaxStagedVectors) {
+  s.vec_bytes = vec_elems == 1 ? 16 : vec_bytes;
+  if (vec_elems == 1 || n * vec_bytes > kMaxStagedRowBytes) {
     // Streaming: each thread walks its vectors twice; ~8 per thread keeps the group small.
     s.vectors_per_thread = 0;
     s.group_threads = std::min(1024, std::max(32, round_up_32(ceil_div(n, 8))));
@@ -82,13 +86,13 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
 }
 
 KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems, int block_threads,
-                                int world) {
+                                int world, int vec_bytes) {
   KernelShape none;
   none.vectors_per_thread = 0;
   if (world < 2 || world > 16 || vec_elems < 2) return none;  // a 16-lane group serves 16 ranks
   // Rows this short are always staged (vec_elems > 1); choose_kernel_shape checks the widths.
   if (q_width / vec_elems + k_width / vec_elems > kMaxPackedVectors) return none;
-  return choose_kernel_shape(q_width, k_width, vec_elems, block_threads, world, 4);
+  return choose_kernel_shape(q_width, k_width, vec_elems, block_threads, world, 4, vec_bytes);
 }
 
 PipelineDepth choose_pipeline_depth(int world, int forced_stages, int forced_defer) {
@@ -277,9 +281,10 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
                   "make_launch_plan: token_capacity, sm_count and ranks_on_device must be >= 1");
   r.tuning.validate();
   const LaunchTuning& t = r.tuning;
-  SWIFTQK_EXPECTS(!r.deterministic || r.vec_elems > 1,
+  SWIFTQK_EXPECTS(!r.deterministic || (r.vec_elems > 1 && r.vec_bytes == 16),
                   "make_launch_plan: the deterministic mode needs rows of 16-byte vectors "
-                  "(16-byte aligned pointers, strides and widths in whole vectors)");
+                  "(16-byte aligned pointers, strides and widths in whole vectors, and "
+                  "LaunchTuning::max_vector_bytes 0 or 16)");
   const int64_t qw = r.q_full_width / r.world, kw = r.k_full_width / r.world;
   const int sms = r.sm_count;
   const int budget = launch_sm_budget(r.sm_budget, sms, r.ranks, r.ranks_on_device);
@@ -313,8 +318,9 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
   auto layout_for = [&](const PipelineDepth& depth) {
     if (r.deterministic) return layout_of(depth, det.shape);
     Layout lay = layout_of(depth, choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world,
-                                                      t.vectors_per_thread));
-    const KernelShape packed = packed_kernel_shape(qw, kw, r.vec_elems, block_target, r.world);
+                                                      t.vectors_per_thread, r.vec_bytes));
+    const KernelShape packed =
+        packed_kernel_shape(qw, kw, r.vec_elems, block_target, r.world, r.vec_bytes);
     if (t.vectors_per_thread == 0 && packed.vectors_per_thread > 0 &&
         grid_is_full(launch_tokens, r.ranks, lay.shape.tokens_per_block,
                      lay.footprint.blocks_per_sm, sms, budget)) {

@@ -17,6 +17,7 @@ namespace swiftqk {
 /// @brief How one token row (Q shard then K shard) of one rank is spread over threads.
 struct KernelShape {
   int vec_elems = 1;           ///< elements per vector access; 1 selects the scalar path
+  int vec_bytes = 16;          ///< bytes of a vector access (16 or 8; the scalar path ignores it)
   int vectors_per_thread = 1;  ///< staged vectors per thread (1, 2, 4, 8); 0 = streaming
   /// Threads normalising one token of one rank: whole warps, or (staged rows only) 8 or 16
   /// lanes, so that one warp normalises 4 or 2 tokens at once (kMinGroupThreads).
@@ -28,10 +29,12 @@ struct KernelShape {
   int block_threads() const { return group_threads * tokens_per_block; }
 };
 
-/// Rows of more 16-byte vectors than this (16384 bf16 elements of Q+K) are streamed in two
-/// passes (the second hits L2) instead of being staged: four stages of a 32 KB row fill 128 KB
-/// of shared memory. The scalar path (vec_elems 1) always streams.
+/// Rows of more 16-byte vectors than this (16384 bf16 elements of Q+K; twice as many 8-byte
+/// vectors) are streamed in two passes (the second hits L2) instead of being staged: four
+/// stages of a 32 KB row fill 128 KB of shared memory. The scalar path (vec_elems 1) always
+/// streams.
 constexpr int64_t kMaxStagedVectors = 2048;
+constexpr int64_t kMaxStagedRowBytes = kMaxStagedVectors * 16;
 
 /// @brief The pipeline of a token group: rows staged and, with peers, the deferral depth D (the
 /// group writes token i - D while it reduces token i, so a peer up to D tokens behind costs no
@@ -138,9 +141,10 @@ constexpr int kDefaultBlockThreadsAlone = 384;
 /// @param world ranks of the group: with peers, short rows are packed several to a warp.
 /// @param forced_vpt 0, or vectors per thread (1, 2, 4 or 8) to force on staged rows
 /// (LaunchTuning::vectors_per_thread); the group is then the fewest lanes that hold the row.
+/// @param vec_bytes bytes of a vector (16, or 8 where 16-byte vectors do not divide the rows).
 KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
                                 int block_threads = kDefaultBlockThreads, int world = 1,
-                                int forced_vpt = 0);
+                                int forced_vpt = 0, int vec_bytes = 16);
 
 /// Rows of at most this many 16-byte vectors (1 KB of bf16: OLMoE at TP 8) may be packed two or
 /// more to a warp, 4 vectors a thread (packed_kernel_shape).
@@ -155,7 +159,7 @@ static_assert(kSourceMajorMaxRowElements == kMaxPackedVectors * 8,
 /// the unpacked grid leaves SMs idle (one H200; CHANGELOG.md, 7a09ebe). The launch takes it when
 /// the unpacked grid is capped by residency.
 KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems, int block_threads,
-                                int world);
+                                int world, int vec_bytes = 16);
 
 /// @brief The persistent grid of one launch.
 struct GridPlan {
@@ -208,9 +212,11 @@ struct LaunchRequest {
   int64_t tokens = 1;        ///< tokens of the call, at least one
   int64_t q_full_width = 0;  ///< Hq and Hk over all ranks
   int64_t k_full_width = 0;
-  /// Elements a 16-byte vector holds when every rank's rows allow 16-byte accesses, else 1
-  /// (the scalar path, always streamed).
+  /// Elements a vector access moves: of 16 bytes when every rank's rows allow it, else of 8
+  /// bytes when they allow that, else 1 (the scalar path, always streamed); capped by
+  /// LaunchTuning::max_vector_bytes.
   int vec_elems = 1;
+  int vec_bytes = 16;          ///< bytes of that access (16 or 8; the scalar path ignores it)
   int64_t token_capacity = 1;  ///< CommConfig::token_capacity: tokens one launch exchanges
   int sm_count = 1;            ///< SMs of the GPU
   int sm_budget = 0;           ///< CommConfig::sm_budget (0 = all SMs)

@@ -120,16 +120,21 @@ void validate_params(const QkNormParams& p, int world) {
 
 int vector_bytes_for(const QkNormParams& p) {
   const std::size_t is = dtype_size(p.in_dtype), os = dtype_size(output_dtype_for(p.in_dtype));
-  const int64_t vec = static_cast<int64_t>(16 / is);
-  auto ok = [&](const ShardView& v) {
+  // Input vectors of `bytes` (vec elements): outputs and weights move vec elements of theirs at
+  // a time, aligned to that size up to 16 bytes.
+  auto ok = [&](const ShardView& v, std::size_t bytes) {
+    const int64_t vec = static_cast<int64_t>(bytes / is);
     auto al = [](const void* ptr, std::size_t a) {
       return reinterpret_cast<uintptr_t>(ptr) % a == 0;
     };
     const std::size_t out_align = std::min<std::size_t>(16, vec * os);
     return v.width % vec == 0 && v.in_stride % vec == 0 && v.out_stride % vec == 0 &&
-           al(v.in, 16) && al(v.out, out_align) && al(v.weight, out_align);
+           al(v.in, bytes) && al(v.out, out_align) && al(v.weight, out_align);
   };
-  return ok(p.q) && ok(p.k) ? 16 : static_cast<int>(is);
+  for (std::size_t bytes : {std::size_t{16}, std::size_t{8}}) {
+    if (ok(p.q, bytes) && ok(p.k, bytes)) return static_cast<int>(bytes);
+  }
+  return static_cast<int>(is);
 }
 
 void validate_config(const CommConfig& c) {

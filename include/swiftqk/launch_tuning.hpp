@@ -43,15 +43,23 @@ struct LaunchTuning {
   int block_threads = 0;
   /// Ignored by a launch that serves one rank, which has one order.
   BlockOrder block_order = BlockOrder::kTuned;
+  /// The widest vector access a launch may take, in bytes: 16, 8, or 1 (the scalar path, one
+  /// element at a time); 0 = tuned (the widest the rows' widths, strides and pointers allow).
+  /// A launch takes the widest the rows allow up to this cap. The deterministic mode needs 16
+  /// (its canonical order is defined on 16-byte vectors) and the MiniMax-fused method has 16
+  /// or the scalar path.
+  int max_vector_bytes = 0;
 
   /// @brief Throws swiftqk::Error naming the first field whose value no launch can take, and
   /// the value: stages outside [kMinStages, kMaxStages], defer past stages - 1, vectors per
-  /// thread with no kernel instantiation, block threads outside [32, 1024], an unknown order.
+  /// thread with no kernel instantiation, block threads outside [32, 1024], an unknown order,
+  /// a vector width other than 0, 1, 8 or 16.
   void validate() const;
 
   bool operator==(const LaunchTuning& o) const {
     return stages == o.stages && defer == o.defer && vectors_per_thread == o.vectors_per_thread &&
-           block_threads == o.block_threads && block_order == o.block_order;
+           block_threads == o.block_threads && block_order == o.block_order &&
+           max_vector_bytes == o.max_vector_bytes;
   }
   bool operator!=(const LaunchTuning& o) const { return !(*this == o); }
 };

@@ -2,6 +2,8 @@
 // kernel_table_<dtype>.cu only).
 #pragma once
 
+#include <type_traits>
+
 #include "kernel_table.hpp"
 #include "kernels/swiftqk_fused.cuh"
 
@@ -78,21 +80,55 @@ KernelFn pick_method(const KernelKey& k) {
              : pick_block_order<Tin, VEC, VPT, false, kTM>(k);
 }
 
-template <typename Tin>
-KernelFn pick_vec(const KernelKey& k) {
-  constexpr int kVec = 16 / sizeof(Tin);
-  if (!k.vector_path) return pick_method<Tin, 1, 0>(k);  // the scalar path always streams
+// Rows of 8-byte vectors (widths or pointers that 16-byte ones do not divide) exist for the
+// SwiftQK exchange in the default mode: the deterministic mode's canonical order is defined on
+// 16-byte vectors, and the MiniMax-fused baseline keeps its 16-byte and scalar paths.
+template <typename Tin, int VEC, int VPT>
+KernelFn pick_method_half(const KernelKey& k) {
+  if (k.deterministic || k.method != Method::kSwiftQK) return nullptr;
+  constexpr SlotLayout kTM = SlotLayout::kTokenMajor;
+  if (k.alone)
+    return pick_norm_order<Tin, VEC, VPT, false, true, kTM, BlockOrder::kRankMajor>(k.order);
+  return k.slots == SlotLayout::kSourceMajor
+             ? pick_block_order<Tin, VEC, VPT, false, SlotLayout::kSourceMajor>(k)
+             : pick_block_order<Tin, VEC, VPT, false, kTM>(k);
+}
+
+template <typename Tin, int kVecBytes>
+KernelFn pick_vpt(const KernelKey& k) {
+  constexpr int kVec = kVecBytes / sizeof(Tin);
+  constexpr bool kHalf = kVecBytes == 8;
+  auto of = [&k](auto vpt) {
+    constexpr int kVpt = decltype(vpt)::value;
+    if constexpr (kHalf) {
+      return pick_method_half<Tin, kVec, kVpt>(k);
+    } else {
+      return pick_method<Tin, kVec, kVpt>(k);
+    }
+  };
   switch (k.vpt) {
     case 1:
-      return pick_method<Tin, kVec, 1>(k);
+      return of(std::integral_constant<int, 1>{});
     case 2:
-      return pick_method<Tin, kVec, 2>(k);
+      return of(std::integral_constant<int, 2>{});
     case 4:
-      return pick_method<Tin, kVec, 4>(k);
+      return of(std::integral_constant<int, 4>{});
     case 8:
-      return pick_method<Tin, kVec, 8>(k);
+      return of(std::integral_constant<int, 8>{});
     default:
-      return pick_method<Tin, kVec, 0>(k);
+      return of(std::integral_constant<int, 0>{});
+  }
+}
+
+template <typename Tin>
+KernelFn pick_vec(const KernelKey& k) {
+  switch (k.vec_bytes) {
+    case 16:
+      return pick_vpt<Tin, 16>(k);
+    case 8:
+      return pick_vpt<Tin, 8>(k);
+    default:
+      return pick_method<Tin, 1, 0>(k);  // the scalar path always streams
   }
 }
 

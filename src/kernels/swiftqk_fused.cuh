@@ -71,10 +71,21 @@ __device__ __forceinline__ Vec<Tout, VEC>* out_vec(const RankArgs& ra, int64_t t
   return reinterpret_cast<Vec<Tout, VEC>*>(p);
 }
 
-/// Element pairs of a 2-byte vector as floats (one packed unpack per pair); else element-wise.
+/// Element pairs of a 2-byte vector as floats (one packed unpack per pair); fp8-e4m3 pairs through
+/// one packed conversion to half2 each (exact, like the element-wise one, which spends one
+/// conversion per element: at fp8 rows' byte rates the conversion pipe, not memory, bounded the
+/// kernel); else element-wise.
 template <typename T, int VEC>
 __device__ __forceinline__ void vec_to_floats(const Vec<T, VEC>& x, float (&f)[VEC]) {
-  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+  if constexpr (std::is_same_v<T, __nv_fp8_e4m3> && VEC % 2 == 0) {
+    const auto* x2 = reinterpret_cast<const __nv_fp8x2_storage_t*>(x.v);
+#pragma unroll
+    for (int e = 0; e < VEC / 2; ++e) {
+      const float2 p = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(x2[e], __NV_E4M3)));
+      f[2 * e] = p.x;
+      f[2 * e + 1] = p.y;
+    }
+  } else if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
     using P = PairOf<T>;
     const auto* x2 = reinterpret_cast<const typename P::type*>(x.v);
 #pragma unroll
@@ -292,6 +303,19 @@ __device__ inline void scrub_own_slots(const Args& a, const RankArgs& ra, int ba
 __device__ __forceinline__ void cp_async16(uint32_t s, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
+/// The same for 8 bytes (rows of 8-byte vectors); .cg, which skips L1, takes 16 bytes only.
+__device__ __forceinline__ void cp_async8(uint32_t s, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+template <int kBytes>
+__device__ __forceinline__ void cp_async_vec(uint32_t s, const void* gmem) {
+  static_assert(kBytes == 16 || kBytes == 8, "rows are staged in 16- or 8-byte vectors");
+  if constexpr (kBytes == 16) {
+    cp_async16(s, gmem);
+  } else {
+    cp_async8(s, gmem);
+  }
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -303,11 +327,19 @@ __device__ __forceinline__ void cp_async_wait() {
 /// host picks the depth (launch_plan.hpp, kMinStages..kMaxStages): deeper hides more latency,
 /// shallower lets more blocks share an SM.
 
-/// Dynamic shared memory of the staged kernel (host and device agree on it): the stage ring of
-/// 16-byte input vectors, then the block's copy of the weight slice.
+/// The stage ring's bytes: `stages` rows of input vectors of vec_bytes (16 or 8) for each of the
+/// block's token groups, rounded up to 16 bytes so that the weights after it stay 16-byte aligned.
+constexpr std::size_t staged_ring_bytes(int64_t vectors_per_row, int tokens_per_block, int stages,
+                                        int vec_bytes) {
+  return (static_cast<std::size_t>(stages) * tokens_per_block * vectors_per_row * vec_bytes + 15) /
+         16 * 16;
+}
+
+/// Dynamic shared memory of the staged kernel (host and device agree on it): the stage ring,
+/// then the block's copy of the weight slice.
 constexpr std::size_t staged_smem_bytes(int64_t vectors_per_row, int tokens_per_block,
-                                        std::size_t weight_bytes, int stages) {
-  return static_cast<std::size_t>(stages) * tokens_per_block * vectors_per_row * 16 + weight_bytes;
+                                        std::size_t weight_bytes, int stages, int vec_bytes = 16) {
+  return staged_ring_bytes(vectors_per_row, tokens_per_block, stages, vec_bytes) + weight_bytes;
 }
 
 /// Waits until at most n of this thread's cp.async groups are pending (n is an immediate in PTX).
@@ -541,7 +573,9 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
   using Tout = typename OutputOf<Tin>::type;
   using InVec = Vec<Tin, VEC>;
   using OutVec = Vec<Tout, VEC>;
-  static_assert(VPT == 0 || sizeof(InVec) == 16, "staging moves 16-byte vectors");
+  constexpr int kVecBytes = static_cast<int>(sizeof(InVec));
+  static_assert(VPT == 0 || kVecBytes == 16 || kVecBytes == 8,
+                "staging moves 16- or 8-byte vectors");
   // Dynamic shared memory: [stages][tokens_per_block][n] input vectors, then the weights.
   extern __shared__ uint4 s_stage[];
   // Per warp (q, k) partial sums, double-buffered by iteration parity: a warp writing the next
@@ -684,12 +718,12 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
             static_cast<const Tin*>(ra.q_in) + static_cast<int64_t>(tk_next) * ra.q_in_stride;
         const Tin* k_next =
             static_cast<const Tin*>(ra.k_in) + static_cast<int64_t>(tk_next) * ra.k_in_stride;
-        const uint32_t dst = my_stage0_s + static_cast<uint32_t>(s * stage_vectors) * 16u;
+        const uint32_t dst = my_stage0_s + static_cast<uint32_t>(s * stage_vectors * kVecBytes);
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
           if (in_row(v)) {
-            cp_async16(dst + static_cast<uint32_t>(slot_pos(v)) * 16u,
-                       (is_q(v) ? q_next : k_next) + slot_off(v));
+            cp_async_vec<kVecBytes>(dst + static_cast<uint32_t>(slot_pos(v) * kVecBytes),
+                                    (is_q(v) ? q_next : k_next) + slot_off(v));
           }
         }
       }
@@ -718,17 +752,21 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
   // tokens the kernel is one such latency chain. (Loaded through registers, a loop of several
   // weight vectors a thread goes one memory round trip per vector: the compiler cannot tell
   // the shared store from the next global load.)
-  OutVec* s_weight =
-      reinterpret_cast<OutVec*>(reinterpret_cast<InVec*>(s_stage) + S * stage_vectors);
+  OutVec* s_weight = reinterpret_cast<OutVec*>(
+      reinterpret_cast<uint8_t*>(s_stage) + staged_ring_bytes(n, a.tokens_per_block, S, kVecBytes));
   if constexpr (VPT > 0) {
-    static_assert(sizeof(OutVec) % 16 == 0, "weights are copied in 16-byte units");
-    constexpr int kUnits = static_cast<int>(sizeof(OutVec) / 16);
+    // In 16-byte units, or 8-byte ones for 8-byte weight vectors (16-bit rows of 8-byte vectors).
+    constexpr int kUnit = sizeof(OutVec) >= 16 ? 16 : static_cast<int>(sizeof(OutVec));
+    static_assert(sizeof(OutVec) % kUnit == 0 && (kUnit == 16 || kUnit == 8),
+                  "weights are copied in 16- or 8-byte units");
+    using Unit = Word<kUnit>;
+    constexpr int kUnits = static_cast<int>(sizeof(OutVec) / kUnit);
     const uint32_t w_s = static_cast<uint32_t>(__cvta_generic_to_shared(s_weight));
     const int uq = nq * kUnits;
     for (int i = threadIdx.x; i < n * kUnits; i += blockDim.x) {
-      cp_async16(w_s + static_cast<uint32_t>(i) * 16u,
-                 i < uq ? static_cast<const uint4*>(ra.q_w) + i
-                        : static_cast<const uint4*>(ra.k_w) + (i - uq));
+      cp_async_vec<kUnit>(w_s + static_cast<uint32_t>(i * kUnit),
+                          i < uq ? static_cast<const Unit*>(ra.q_w) + i
+                                 : static_cast<const Unit*>(ra.k_w) + (i - uq));
     }
     cp_async_commit();  // the oldest group: the wait below leaves only the rows' pending
   }

@@ -32,7 +32,7 @@ const std::vector<int> kVec = {8, 4, 16, 1};
 
 // Checks every invariant the kernel relies on; returns a description of the first violation.
 ::testing::AssertionResult ShapeIsValid(const KernelShape& s, int64_t qw, int64_t kw, int vec,
-                                        int world = 1) {
+                                        int world = 1, int vec_bytes = 16) {
   const int64_t n = qw / vec + kw / vec;
   auto fail = [&]() {
     return ::testing::AssertionFailure()
@@ -41,7 +41,9 @@ const std::vector<int> kVec = {8, 4, 16, 1};
            << s.tokens_per_block << ": ";
   };
   if (s.vec_elems != vec) return fail() << "vec_elems " << s.vec_elems;
-  const bool streaming = vec == 1 || n > kMaxStagedVectors;
+  if (vec > 1 && s.vec_bytes != vec_bytes) return fail() << "vec_bytes " << s.vec_bytes;
+  // Staged rows hold at most kMaxStagedVectors 16-byte vectors' bytes.
+  const bool streaming = vec == 1 || n * vec_bytes > kMaxStagedVectors * 16;
   const int G = s.group_threads;
   if (G < 32) {
     // Narrower than a warp: staged rows only, a power of two, one lane per rank's slot.
@@ -65,7 +67,8 @@ const std::vector<int> kVec = {8, 4, 16, 1};
     if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return fail() << "vectors_per_thread";
     if (static_cast<int64_t>(G) * vpt < n) return fail() << "row does not fit";
     // The deepest ring of the block's rows must fit the 227 KB of shared memory a block may use.
-    if (kMaxStages * 16 * n * s.tokens_per_block > kMaxStagedRingBytes && s.tokens_per_block > 1)
+    if (kMaxStages * vec_bytes * n * s.tokens_per_block > kMaxStagedRingBytes &&
+        s.tokens_per_block > 1)
       return fail() << "staged rows too large";
     // No whole warp of the group holds nothing; a sub-warp group is no wider than it must be.
     if (G > 32 && static_cast<int64_t>(G - 32) * vpt >= n) return fail() << "idle warp";
@@ -98,6 +101,47 @@ TEST(ChooseKernelShape, AllModelShapesAndTpDegrees) {
   // The scalar path takes every shape, so each (shape, TP) that divides is checked at least once.
   EXPECT_GT(checked, 80);
   EXPECT_GT(rejected, 0);
+}
+
+// Rows of 8-byte vectors (widths 16-byte vectors do not divide): bf16 (8 B / 2), f32 (8 B / 4)
+// and fp8 (8 B / 1), staged up to the bytes of kMaxStagedVectors 16-byte vectors.
+TEST(ChooseKernelShape, EightByteVectorsOnEveryModelShapeAndTpDegree) {
+  int checked = 0, streamed = 0;
+  for (const Widths& full : kFullWidths) {
+    for (int tp : kTp) {
+      if (full.q % tp != 0 || full.k % tp != 0) continue;
+      const int64_t qw = full.q / tp, kw = full.k / tp;
+      for (int vec : {4, 2, 8}) {
+        if (qw % vec != 0 || kw % vec != 0) continue;
+        SCOPED_TRACE("full " + std::to_string(full.q) + "/" + std::to_string(full.k) + " TP " +
+                     std::to_string(tp) + " vec " + std::to_string(vec) + " of 8 bytes");
+        const KernelShape s = choose_kernel_shape(qw, kw, vec, kDefaultBlockThreads, tp, 0, 8);
+        EXPECT_TRUE(ShapeIsValid(s, qw, kw, vec, tp, 8));
+        for (int forced : {1, 2, 4, 8}) {
+          if ((qw / vec + kw / vec + forced - 1) / forced > 1024 ||
+              (qw / vec + kw / vec) * 8 > kMaxStagedVectors * 16) {
+            continue;
+          }
+          EXPECT_TRUE(ShapeIsValid(choose_kernel_shape(qw, kw, vec, 1024, tp, forced, 8), qw, kw,
+                                   vec, tp, 8))
+              << "forced " << forced;
+        }
+        streamed += s.vectors_per_thread == 0;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 70);
+  EXPECT_GT(streamed, 0);
+  // 2560 + 2560 bf16 elements are 640 16-byte vectors or 1280 8-byte ones: staged either way,
+  // 4 a thread, so the group doubles; 9000 + 9000 bf16 elements (4500 8-byte vectors) stream.
+  EXPECT_EQ(choose_kernel_shape(2560, 2560, 8).group_threads, 160);
+  EXPECT_EQ(choose_kernel_shape(2560, 2560, 4, kDefaultBlockThreads, 1, 0, 8).group_threads, 320);
+  EXPECT_EQ(choose_kernel_shape(9000, 9000, 4, kDefaultBlockThreads, 1, 0, 8).vectors_per_thread,
+            0);
+  EXPECT_TRUE(testing::throws_error(
+      [] { choose_kernel_shape(2560, 2560, 4, kDefaultBlockThreads, 1, 0, 4); },
+      "vectors are of 16 or 8 bytes"));
 }
 
 TEST(ChooseKernelShape, KnownShapes) {

@@ -23,7 +23,7 @@ namespace {
 // compiled kernels: the pins below show how the policy answers it, so that a change of the
 // policy shows up here.
 struct GpuModel {
-  int64_t row_vectors;  // 16-byte vectors of one rank's Q and K row
+  int64_t row_vectors;  // vectors of one rank's Q and K row
   std::size_t weight_bytes;
   bool alone;
   mutable std::vector<KernelCandidate> asked;
@@ -31,9 +31,9 @@ struct GpuModel {
     asked.push_back(c);
     KernelFootprint f;
     if (c.shape.vectors_per_thread > 0) {  // the kernel's staged_smem_bytes
-      f.smem_bytes =
-          static_cast<std::size_t>(c.depth.stages) * c.shape.tokens_per_block * row_vectors * 16 +
-          weight_bytes;
+      const std::size_t ring = static_cast<std::size_t>(c.depth.stages) * c.shape.tokens_per_block *
+                               row_vectors * c.shape.vec_bytes;
+      f.smem_bytes = (ring + 15) / 16 * 16 + weight_bytes;
     }
     const int threads = c.shape.block_threads();
     const int regs = alone ? 48 : 64;
@@ -294,6 +294,30 @@ TEST(MakeLaunchPlan, TunedVectorsPerThreadAndBlockThreadsShapeTheLayout) {
   p = plan_of(bf16_request(olmo3, 1, 4096, t));
   EXPECT_EQ(p.shape.group_threads, 192);
   EXPECT_EQ(p.shape.tokens_per_block, 1);
+}
+
+TEST(MakeLaunchPlan, EightByteVectorsStageTwiceAsManyVectorsInTheSameBytes) {
+  // OLMoE alone in 8-byte bf16 vectors: 1024 vectors a row, 4 a thread, 256-thread groups; the
+  // footprint is asked of the 8-byte shape, whose ring holds the same bytes as the 16-byte one.
+  LaunchRequest r = bf16_request(kModels[0], 1, 4096);
+  r.vec_elems = 4;
+  r.vec_bytes = 8;
+  const GpuModel gpu = model_for(r);
+  const LaunchPlan p = make_launch_plan(r, std::cref(gpu));
+  EXPECT_EQ(p.shape.vec_elems, 4);
+  EXPECT_EQ(p.shape.vec_bytes, 8);
+  EXPECT_EQ(p.shape.vectors_per_thread, 4);
+  EXPECT_EQ(p.shape.group_threads, 256);
+  ASSERT_FALSE(gpu.asked.empty());
+  for (const KernelCandidate& c : gpu.asked) EXPECT_EQ(c.shape.vec_bytes, 8);
+  const LaunchPlan wide = plan_of(bf16_request(kModels[0], 1, 4096));
+  EXPECT_EQ(wide.shape.vec_bytes, 16);
+  EXPECT_EQ(wide.shape.group_threads, 128);
+  EXPECT_EQ(p.smem_bytes - 4096 * 2,
+            (wide.smem_bytes - 4096 * 2) / wide.shape.tokens_per_block * p.shape.tokens_per_block);
+  // The deterministic mode's canonical order is defined on 16-byte vectors.
+  r.deterministic = true;
+  testing::expect_error([&] { plan_of(r); }, {"16-byte vectors", "max_vector_bytes"});
 }
 
 TEST(MakeLaunchPlan, TunedBlockOrderAppliesToLaunchesOfSeveralRanksOnly) {

@@ -400,17 +400,38 @@ TEST_F(ValidateTest, VectorBytesForAlignedCallsIs16) {
   EXPECT_EQ(vector_bytes_for(FusedInPlace()), 16);
 }
 
-TEST_F(ValidateTest, VectorBytesForOddWidthIsTheElementSize) {
-  // Q 1000 over TP 2: shard 500, not a multiple of 8 bf16 elements.
+TEST_F(ValidateTest, VectorBytesForWidthsOf8ByteVectorsIs8) {
+  // Q 1000 over TP 2: shard 500 bf16 elements, a multiple of 4 (8 bytes), not of 8.
   QkNormParams p = Valid();
   p.q_full_width = 1000;
   p.q.width = p.q.in_stride = p.q.out_stride = 500;
   ASSERT_NO_THROW(validate_params(p, kTp));
-  EXPECT_EQ(vector_bytes_for(p), 2);
+  EXPECT_EQ(vector_bytes_for(p), 8);
   // fp8: shard 1016 (a multiple of 8, not of 16).
   p = Valid(DType::kF8E4M3);
   p.q_full_width = 2032;
   p.q.width = p.q.in_stride = p.q.out_stride = 1016;
+  ASSERT_NO_THROW(validate_params(p, kTp));
+  EXPECT_EQ(vector_bytes_for(p), 8);
+  // f32: K 1020 over TP 2 = 510, a multiple of 2.
+  p = Valid(DType::kF32);
+  p.k_full_width = 1020;
+  p.k.width = p.k.in_stride = p.k.out_stride = 510;
+  ASSERT_NO_THROW(validate_params(p, kTp));
+  EXPECT_EQ(vector_bytes_for(p), 8);
+}
+
+TEST_F(ValidateTest, VectorBytesForOddWidthIsTheElementSize) {
+  // Q 1004 over TP 2: shard 502 bf16 elements, not a multiple of 4.
+  QkNormParams p = Valid();
+  p.q_full_width = 1004;
+  p.q.width = p.q.in_stride = p.q.out_stride = 502;
+  ASSERT_NO_THROW(validate_params(p, kTp));
+  EXPECT_EQ(vector_bytes_for(p), 2);
+  // fp8: shard 1012 (a multiple of 4, not of 8).
+  p = Valid(DType::kF8E4M3);
+  p.q_full_width = 2024;
+  p.q.width = p.q.in_stride = p.q.out_stride = 1012;
   ASSERT_NO_THROW(validate_params(p, kTp));
   EXPECT_EQ(vector_bytes_for(p), 1);
   // f32: K 1022 over TP 2 = 511.
@@ -421,19 +442,25 @@ TEST_F(ValidateTest, VectorBytesForOddWidthIsTheElementSize) {
   EXPECT_EQ(vector_bytes_for(p), 4);
 }
 
-TEST_F(ValidateTest, VectorBytesForMisalignedPointerOrStrideIsTheElementSize) {
+TEST_F(ValidateTest, VectorBytesForMisalignedPointerOrStrideIsNarrower) {
   QkNormParams p = Valid();
   p.q.in = at(kQIn + 2);
   EXPECT_EQ(vector_bytes_for(p), 2);
   p = Valid();
+  p.q.in = at(kQIn + 8);  // 8-byte aligned: 8-byte vectors
+  EXPECT_EQ(vector_bytes_for(p), 8);
+  p = Valid();
   p.k.out = at(kKOut + 8);
+  EXPECT_EQ(vector_bytes_for(p), 8);
+  p = Valid();
+  p.k.out = at(kKOut + 4);
   EXPECT_EQ(vector_bytes_for(p), 2);
   p = Valid();
   p.k.weight = at(kKW + 2);
   EXPECT_EQ(vector_bytes_for(p), 2);
   p = Valid();
-  p.q.in_stride = kQw + 4;  // rows after the first are not 16-byte aligned
-  EXPECT_EQ(vector_bytes_for(p), 2);
+  p.q.in_stride = kQw + 4;  // rows after the first are 8-byte aligned, not 16
+  EXPECT_EQ(vector_bytes_for(p), 8);
   p = Valid();
   p.k.out_stride = kKw + 1;
   EXPECT_EQ(vector_bytes_for(p), 2);
@@ -442,9 +469,12 @@ TEST_F(ValidateTest, VectorBytesForMisalignedPointerOrStrideIsTheElementSize) {
   EXPECT_EQ(vector_bytes_for(p), 4);
   p = Valid(DType::kF8E4M3);
   p.q.in = at(kQIn + 8);
+  EXPECT_EQ(vector_bytes_for(p), 8);
+  p = Valid(DType::kF8E4M3);
+  p.q.in = at(kQIn + 4);
   EXPECT_EQ(vector_bytes_for(p), 1);
   p = Valid(DType::kF8E4M3);
-  p.q.out = at(kQOut + 8);  // 16 bf16 outputs are 32 bytes, moved as 16-byte aligned vectors
+  p.q.out = at(kQOut + 8);  // 8 bf16 outputs of an 8-byte input vector are 16 bytes, so aligned
   EXPECT_EQ(vector_bytes_for(p), 1);
   // Padding rows to a multiple of the vector keeps the vector path.
   p = Valid();

@@ -176,16 +176,19 @@ Verdict Oracle(const Case& c, ByteMap& map) {
 
 int ModelVectorBytes(const Case& c) {
   const int64_t is = kInSize[c.dtype], os = kOutSize[c.dtype];
-  const int64_t vec = 16 / is;
-  const int64_t out_align = std::min<int64_t>(16, vec * os);
   auto addr = [](const Ptr& p) { return p.null ? int64_t{0} : p.off; };
-  bool ok = true;
-  for (const Shard* v : {&c.q, &c.k}) {
-    ok = ok && v->width % vec == 0 && v->in_stride % vec == 0 && v->out_stride % vec == 0;
-    ok = ok && addr(v->in) % 16 == 0 && addr(v->out) % out_align == 0 &&
-         addr(v->weight) % out_align == 0;
+  for (const int64_t bytes : {16, 8}) {
+    const int64_t vec = bytes / is;
+    const int64_t out_align = std::min<int64_t>(16, vec * os);
+    bool ok = true;
+    for (const Shard* v : {&c.q, &c.k}) {
+      ok = ok && v->width % vec == 0 && v->in_stride % vec == 0 && v->out_stride % vec == 0;
+      ok = ok && addr(v->in) % bytes == 0 && addr(v->out) % out_align == 0 &&
+           addr(v->weight) % out_align == 0;
+    }
+    if (ok) return static_cast<int>(bytes);
   }
-  return ok ? 16 : static_cast<int>(is);
+  return static_cast<int>(is);
 }
 
 std::string RuleList(const Verdict& v) {

@@ -1,0 +1,198 @@
+// The three vector widths of the fused kernel on virtual ranks, against the float64 reference:
+// rows whose widths, strides or pointers allow 8-byte vectors but not 16-byte ones (fp8 widths
+// that are multiples of 8 elements, 16-bit ones of 4, f32 ones of 2), staged and streamed, and
+// every cap of LaunchTuning::max_vector_bytes on rows that allow 16-byte vectors, at every
+// forced vectors-per-thread count. Each case first asserts which width the rows allow, so that
+// none passes on another path than the one it names.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "problem.hpp"
+
+namespace swiftqk::testing {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
+
+struct Case {
+  int world;
+  int64_t tokens, q_width, k_width;  // full widths
+  DType in;
+  NormOrder order;
+  Layout layout = Layout::kSeparate;
+  Method method = Method::kSwiftQK;
+  LaunchTuning tuning = {};
+};
+
+std::string name_of(const Case& c) {
+  return "tp" + std::to_string(c.world) + " t" + std::to_string(c.tokens) + " q" +
+         std::to_string(c.q_width) + " k" + std::to_string(c.k_width) + " " + to_string(c.in) +
+         " " + to_string(c.order) + (c.layout == Layout::kSeparate ? "" : " fused") + " " +
+         to_string(c.method) + " cap " + std::to_string(c.tuning.max_vector_bytes) + " vpt " +
+         std::to_string(c.tuning.vectors_per_thread);
+}
+
+// Runs one call of c into poisoned outputs and checks it; expects every rank's rows to allow
+// vectors of want_bytes (vector_bytes_for) before the launch.
+void run_case(const Case& c, int want_bytes) {
+  CommConfig cfg;
+  cfg.token_capacity = 4096;
+  cfg.timeout_s = wait_s(10.0);
+  auto comms = Communicator::create_local_group(std::vector<int>(c.world, 0), cfg);
+  Problem p = Problem::random(c.tokens, c.q_width, c.k_width, c.in, c.order, 1e-6f, 4321);
+  std::vector<RankData> ranks;
+  std::vector<Communicator*> cp;
+  std::vector<QkNormParams> pp;
+  for (int r = 0; r < c.world; ++r) {
+    ranks.push_back(make_rank(p, c.world, r, c.layout));
+    ranks.back().params.method = c.method;
+    ranks.back().params.tuning = c.tuning;
+    ASSERT_EQ(vector_bytes_for(ranks.back().params), want_bytes) << name_of(c) << " rank " << r;
+    poison(ranks.back(), nullptr);
+  }
+  for (int r = 0; r < c.world; ++r) {
+    cp.push_back(&comms[r]);
+    pp.push_back(ranks[r].params);
+  }
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  launch_qk_norm_group(cp, pp, nullptr);
+  for (auto& comm : comms) comm.synchronize(nullptr);
+  std::vector<RankData*> rp;
+  for (auto& d : ranks) rp.push_back(&d);
+  const Check chk = check_ranks(p, c.world, rp);
+  EXPECT_EQ(chk.wrong, 0) << name_of(c) << ": " << chk.first_error;
+  EXPECT_TRUE(chk.rstd_identical) << name_of(c) << ": ranks used different scales";
+}
+
+std::size_t size_of(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kF8E4M3:
+      return 1;
+  }
+  return 1;
+}
+
+// Local widths of an odd number of 8-byte vectors, so 16-byte ones never divide them: short
+// rows (packed at TP 2-4), rows of a few hundred vectors, and rows past the staged limit's bytes
+// (4096 8-byte vectors), which stream.
+TEST(VectorWidths, EightByteRowsMatchTheReference) {
+  REQUIRE_GPU();
+  int ran = 0;
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3}) {
+    const int64_t v8 = static_cast<int64_t>(8 / size_of(dt));  // elements of an 8-byte vector
+    for (int world : {1, 2, 4}) {
+      struct Odd {
+        int64_t q, k;
+      };
+      for (const Odd o : {Odd{7, 3}, Odd{251, 37}, Odd{3001, 1501}}) {
+        for (NormOrder order : {NormOrder::kOlmo2, NormOrder::kLlama}) {
+          // The streamed rows' float64 reference is the slow part: fewer tokens there.
+          for (int64_t tokens : {int64_t{1}, o.q > 1000 ? int64_t{40} : int64_t{333}}) {
+            Case c{world, tokens, world * v8 * o.q, world * v8 * o.k, dt, order};
+            run_case(c, 8);
+            ++ran;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(ran, 4 * 3 * 3 * 2 * 2);
+}
+
+// In place in a fused QKV buffer whose row (Q + 2 K) is an odd number of 8-byte vectors, and the
+// MiniMax-fused method, which has no 8-byte kernels and takes the scalar path on such rows.
+TEST(VectorWidths, EightByteFusedRowsAndTheMiniMaxScalarPath) {
+  REQUIRE_GPU();
+  for (int world : {1, 2, 4}) {
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      const int64_t v8 = static_cast<int64_t>(8 / size_of(dt));
+      Case fused{world,
+                 257,
+                 world * v8 * 51,
+                 world * v8 * 13,
+                 dt,
+                 NormOrder::kOlmo2,
+                 Layout::kFusedInPlace};
+      run_case(fused, 8);
+    }
+    for (DType dt : {DType::kBF16, DType::kF8E4M3}) {
+      const int64_t v8 = static_cast<int64_t>(8 / size_of(dt));
+      Case mm{world, 129, world * v8 * 51, world * v8 * 13, dt, NormOrder::kLlama};
+      mm.method = Method::kMiniMaxFused;
+      run_case(mm, 8);
+    }
+  }
+}
+
+// Rows that allow 16-byte vectors, under every cap (16, 8, 1) and forced vectors-per-thread
+// count: each instantiation of the 8-byte table runs at least once per dtype. A forced count
+// that would need more than 1024 threads a row is refused by name, before anything is written.
+TEST(VectorWidths, EveryCapAndForcedCountOnWideRows) {
+  REQUIRE_GPU();
+  int ran = 0, refused = 0;
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3}) {
+    for (int world : {1, 2, 8}) {
+      for (int cap : {16, 8, 1}) {
+        for (int vpt : {0, 1, 2, 4, 8}) {
+          for (NormOrder order : {NormOrder::kOlmo2, NormOrder::kLlama}) {
+            Case c{world, 77, 2048, 512, dt, order};
+            c.tuning.max_vector_bytes = cap;
+            c.tuning.vectors_per_thread = vpt;
+            const int64_t local_elems = (2048 + 512) / world;
+            const int64_t vectors =
+                cap == 1 ? local_elems : local_elems / static_cast<int64_t>(cap / size_of(dt));
+            if (cap > 1 && vpt != 0 && (vectors + vpt - 1) / vpt > 1024) {
+              EXPECT_TRUE(throws_error([&] { run_case(c, 16); }, "more than 1024 threads"))
+                  << name_of(c);
+              ++refused;
+              continue;
+            }
+            run_case(c, 16);
+            ++ran;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(ran, 4 * 3 * 3 * 5 * 2 - 40);
+  EXPECT_GT(refused, 0);
+}
+
+// The deterministic mode's canonical order is defined on 16-byte vectors: a cap below 16 is
+// refused by name, and so are rows that allow only 8-byte vectors.
+TEST(VectorWidths, DeterministicModeRefusesNarrowerVectors) {
+  REQUIRE_GPU();
+  Case capped{2, 16, 2048, 512, DType::kBF16, NormOrder::kOlmo2};
+  capped.tuning.max_vector_bytes = 8;
+  EXPECT_TRUE(throws_error(
+      [&] {
+        CommConfig cfg;
+        cfg.timeout_s = wait_s(10.0);
+        auto comms = Communicator::create_local_group({0, 0}, cfg);
+        Problem p = Problem::random(16, 2048, 512, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 9);
+        std::vector<RankData> ranks;
+        std::vector<Communicator*> cp;
+        std::vector<QkNormParams> pp;
+        for (int r = 0; r < 2; ++r) {
+          ranks.push_back(make_rank(p, 2, r, Layout::kSeparate));
+          ranks.back().params.tuning = capped.tuning;
+          ranks.back().params.deterministic = true;
+          cp.push_back(&comms[r]);
+          pp.push_back(ranks.back().params);
+        }
+        launch_qk_norm_group(cp, pp, nullptr);
+      },
+      "max_vector_bytes"));
+}
+
+}  // namespace
+}  // namespace swiftqk::testing

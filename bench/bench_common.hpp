@@ -359,8 +359,7 @@ inline void record(const Sweep& sw, json& all, json row) {
   write_outputs(sw, all);
 }
 
-/// Writes the outputs (the soak's only write) and the verdict; the exit code is 1 if any result
-/// was wrong.
+/// Writes the outputs and the verdict; the exit code is 1 if any result was wrong.
 inline int finish(const Sweep& sw, const json& all, int64_t total_wrong) {
   write_outputs(sw, all);
   if (total_wrong > 0) {
@@ -374,8 +373,10 @@ inline int finish(const Sweep& sw, const json& all, int64_t total_wrong) {
 /// Device copy bandwidth (bytes read + written) of a plain SM copy of 1 GiB.
 double copy_gbps(const Options& o, cudaStream_t s);
 
-/// Soak: `calls` graph-replayed calls of the first model at TP `tp` (virtual ranks), cycling the
-/// token counts, checked periodically, latency drift reported. Returns the exit code.
+/// Soak: `calls` graph-replayed calls (rounded up to whole windows of 1000) of the first model at
+/// TP `tp` (virtual ranks), cycling the token counts and their input sets, each call checked
+/// bitwise on the GPU, plus windows of calls alone for the latency; mismatches and latency drift
+/// reported. Writes the outputs once, at the end. Returns the exit code.
 int run_soak(const Sweep& sweep, int tp, int64_t calls);
 
 /// One process per rank (TP = world): rank `rank` of a run whose processes share `dir`. Rank 0

@@ -454,8 +454,11 @@ int main(int argc, char** argv) {
                       "in this process")
            ->check(tp_degree()));
   last(app.add_option("--soak", soak,
-                      "soak: this many graph-replayed calls of the first model at the first "
-                      "--tp, token counts cycling, checked every 50000 calls; reports latency "
+                      "soak: this many graph-replayed calls (whole windows of 1000) of the first "
+                      "model at the first --tp, the token count changing every window, 4 input "
+                      "sets each, every call compared bitwise on the GPU with the first call's "
+                      "verified output; every 10th window of a token count is 1000 more calls "
+                      "alone, not compared, for the op's latency; reports mismatches and latency "
                       "drift (0: no soak)")
            ->check(whole_number(0, "NONNEGATIVE")));
   app.add_option("--dtype", dtypes, "input dtypes")
@@ -594,6 +597,10 @@ int main(int argc, char** argv) {
   if (sw.order != "model") sw.order = to_string(parse_norm_order(sw.order));
 
   if (!has_gpu()) {
+    if (soak > 0) {
+      std::printf(
+          "swiftqk_bench --soak: no CUDA GPU on this machine: the soak needs one; not run.\n");
+    }
     std::printf(
         "swiftqk_bench: no CUDA GPU on this machine: nothing can be timed or run on a "
         "GPU here. Running the float64 reference self-check instead.\n");

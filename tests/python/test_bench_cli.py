@@ -143,6 +143,18 @@ def test_without_a_gpu_valid_arguments_run_the_self_check_and_exit_0():
     assert "no CUDA GPU" in r.stdout and "ok" in r.stdout
 
 
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None
+                    and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0,
+                    reason="a GPU is present: the soak would run")
+def test_without_a_gpu_the_soak_says_it_did_not_run_and_exits_0(tmp_path):
+    out = tmp_path / "soak.json"
+    r = _run("--soak", "1000", "--models", "olmoe", "--tokens", "1,64", "--tp", "8", "--json",
+             str(out))
+    assert r.returncode == 0, r.stderr
+    assert "--soak: no CUDA GPU" in r.stdout and "not run" in r.stdout
+    assert not out.exists()  # no rows written as if it had run
+
+
 def _fuzz_list(n, seed):
     r = _run("--fuzz-shapes", str(n), "--seed", str(seed), "--fuzz-list")
     assert r.returncode == 0, r.stderr

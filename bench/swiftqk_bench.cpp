@@ -516,12 +516,12 @@ int main(int argc, char** argv) {
            ->group(tuning_group)
            ->check(tuning_range(1, kMaxStages - 1)));
   last(app.add_option("--vpt", o.tuning.vectors_per_thread,
-                      "16-byte vectors each thread stages of a row (the row then takes the "
-                      "fewest lanes)")
+                      "vectors each thread stages of a row (the row then takes the fewest "
+                      "lanes)")
            ->group(tuning_group)
            ->check(tuning_value([](int64_t v) { return v == 1 || v == 2 || v == 4 || v == 8; },
                                 "1, 2, 4 or 8", "1,2,4,8")));
-  last(app.add_option("--max-vector-bytes", o.tuning.max_vector_bytes,
+  last(app.add_option("--vector-bytes", o.tuning.vector_bytes,
                       "the widest vector access a launch may take: 16, 8 or 1 (scalar)")
            ->group(tuning_group)
            ->check(tuning_value([](int64_t v) { return v == 1 || v == 8 || v == 16; }, "16, 8 or 1",

@@ -148,23 +148,22 @@ struct FootprintOnDevice {
   }
 };
 
-// The vector access of a group launch: the widest that every rank's rows allow, within the
-// tuning's cap, among the widths the method's kernels have (16-byte vectors, 8-byte ones for
-// SwiftQK in the default mode, and the scalar path).
-int launch_vector_bytes(const std::vector<QkNormParams>& params) {
+// The vector access of a group launch (choose_vector_bytes), from the narrowest that a rank's
+// rows allow.
+int launch_vector_bytes(const std::vector<QkNormParams>& params, int world) {
   const QkNormParams& p0 = params[0];
-  int bytes = p0.tuning.max_vector_bytes == 0 ? 16 : p0.tuning.max_vector_bytes;
-  for (const QkNormParams& p : params) bytes = std::min(bytes, vector_bytes_for(p));
-  const bool has_half = p0.method == Method::kSwiftQK && !p0.deterministic;
-  if (bytes == 16 || (bytes == 8 && has_half)) return bytes;
-  return 1;
+  int allowed = 16;
+  for (const QkNormParams& p : params) allowed = std::min(allowed, vector_bytes_for(p));
+  return choose_vector_bytes(static_cast<int>(dtype_size(p0.in_dtype)), allowed, world,
+                             p0.method == Method::kSwiftQK && !p0.deterministic,
+                             p0.tuning.vector_bytes);
 }
 
 // What the policy reads of a group launch.
 LaunchRequest request_of(const std::vector<QkNormParams>& params, const detail::CommState& s0,
                          int world) {
   const QkNormParams& p0 = params[0];
-  const int vec_bytes = launch_vector_bytes(params);
+  const int vec_bytes = launch_vector_bytes(params, world);
   LaunchRequest r;
   r.world = world;
   r.ranks = static_cast<int>(params.size());
@@ -173,6 +172,7 @@ LaunchRequest request_of(const std::vector<QkNormParams>& params, const detail::
   r.k_full_width = p0.k_full_width;
   r.vec_elems = vec_bytes > 1 ? static_cast<int>(vec_bytes / dtype_size(p0.in_dtype)) : 1;
   r.vec_bytes = vec_bytes > 1 ? vec_bytes : 16;
+  r.out_elem_bytes = static_cast<int>(dtype_size(output_dtype_for(p0.in_dtype)));
   r.token_capacity = s0.config.token_capacity;
   r.sm_count = sm_count(s0.device);
   r.sm_budget = s0.config.sm_budget;

@@ -40,8 +40,18 @@ int group_for(int64_t n, int vpt, int min_group) {
 }
 }  // namespace
 
+int64_t staged_row_bytes_limit(int world, int stages, int weight_bytes_per_row_byte) {
+  SWIFTQK_EXPECTS(world >= 1 && stages >= 1 && weight_bytes_per_row_byte >= 1,
+                  "staged_row_bytes_limit: world, stages and the weight ratio must be positive");
+  const int64_t alone_smem = kMaxStagedRowBytesAlone * (stages + weight_bytes_per_row_byte);
+  if (world == 1 && stages <= 2 && alone_smem <= kMaxStagedSmemBytes) {
+    return kMaxStagedRowBytesAlone;
+  }
+  return kMaxStagedRowBytes;
+}
+
 KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems, int block_threads,
-                                int world, int forced_vpt, int vec_bytes) {
+                                int world, int forced_vpt, int vec_bytes, int64_t staged_limit) {
   SWIFTQK_EXPECTS(vec_elems >= 1 && q_width % vec_elems == 0 && k_width % vec_elems == 0,
                   "choose_kernel_shape: widths must be multiples of the vector size");
   SWIFTQK_EXPECTS(block_threads >= 32 && block_threads <= 1024,
@@ -59,7 +69,10 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
   KernelShape s;
   s.vec_elems = vec_elems;
   s.vec_bytes = vec_elems == 1 ? 16 : vec_bytes;
-  if (vec_elems == 1 || n * vec_bytes > kMaxStagedRowBytes) {
+  SWIFTQK_EXPECTS(staged_limit >= kMaxStagedRowBytes && staged_limit <= kMaxStagedRowBytesAlone,
+                  "choose_kernel_shape: the staged row limit must be in [kMaxStagedRowBytes, "
+                  "kMaxStagedRowBytesAlone]");
+  if (vec_elems == 1 || n * vec_bytes > staged_limit || n > 1024 * 4) {
     // Streaming: each thread walks its vectors twice; ~8 per thread keeps the group small.
     s.vectors_per_thread = 0;
     s.group_threads = std::min(1024, std::max(32, round_up_32(ceil_div(n, 8))));
@@ -93,6 +106,20 @@ KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
   // Rows this short are always staged (vec_elems > 1); choose_kernel_shape checks the widths.
   if (q_width / vec_elems + k_width / vec_elems > kMaxPackedVectors) return none;
   return choose_kernel_shape(q_width, k_width, vec_elems, block_threads, world, 4, vec_bytes);
+}
+
+int choose_vector_bytes(int in_size, int allowed, int world, bool has_eight, int forced) {
+  SWIFTQK_EXPECTS(in_size == 1 || in_size == 2 || in_size == 4,
+                  "choose_vector_bytes: elements are of 1, 2 or 4 bytes");
+  SWIFTQK_EXPECTS(allowed == 16 || allowed == 8 || allowed == in_size,
+                  "choose_vector_bytes: rows allow 16, 8 or element-size accesses");
+  SWIFTQK_EXPECTS(forced == 0 || forced == 16 || forced == 8 || forced == 1,
+                  "choose_vector_bytes: a forced width is 16, 8 or 1");
+  SWIFTQK_EXPECTS(world >= 1, "choose_vector_bytes: world must be >= 1");
+  const int want = forced != 0 ? forced : (in_size == 1 && world == 1 && has_eight ? 8 : 16);
+  if (want >= 16 && allowed >= 16) return 16;
+  if (want >= 8 && allowed >= 8 && has_eight) return 8;
+  return 1;
 }
 
 PipelineDepth choose_pipeline_depth(int world, int forced_stages, int forced_defer) {
@@ -284,7 +311,7 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
   SWIFTQK_EXPECTS(!r.deterministic || (r.vec_elems > 1 && r.vec_bytes == 16),
                   "make_launch_plan: the deterministic mode needs rows of 16-byte vectors "
                   "(16-byte aligned pointers, strides and widths in whole vectors, and "
-                  "LaunchTuning::max_vector_bytes 0 or 16)");
+                  "LaunchTuning::vector_bytes 0 or 16)");
   const int64_t qw = r.q_full_width / r.world, kw = r.k_full_width / r.world;
   const int sms = r.sm_count;
   const int budget = launch_sm_budget(r.sm_budget, sms, r.ranks, r.ranks_on_device);
@@ -317,8 +344,11 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
                       : DeterministicShape{};
   auto layout_for = [&](const PipelineDepth& depth) {
     if (r.deterministic) return layout_of(depth, det.shape);
-    Layout lay = layout_of(depth, choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world,
-                                                      t.vectors_per_thread, r.vec_bytes));
+    const int64_t staged_limit = staged_row_bytes_limit(
+        r.world, depth.stages, r.vec_elems > 1 ? r.out_elem_bytes * r.vec_elems / r.vec_bytes : 1);
+    Layout lay =
+        layout_of(depth, choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world,
+                                             t.vectors_per_thread, r.vec_bytes, staged_limit));
     const KernelShape packed =
         packed_kernel_shape(qw, kw, r.vec_elems, block_target, r.world, r.vec_bytes);
     if (t.vectors_per_thread == 0 && packed.vectors_per_thread > 0 &&

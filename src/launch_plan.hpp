@@ -36,6 +36,33 @@ struct KernelShape {
 constexpr int64_t kMaxStagedVectors = 2048;
 constexpr int64_t kMaxStagedRowBytes = kMaxStagedVectors * 16;
 
+/// Alone (2 stages, nothing deferred) a row of up to this many bytes is staged too, 4 vectors a
+/// thread in up to 1024 threads, where the two stages and the weights fit kMaxStagedSmemBytes:
+/// one token group a block, one row loading ahead (staged_row_bytes_limit).
+constexpr int64_t kMaxStagedRowBytesAlone = 1024 * 4 * 16;
+/// Dynamic shared memory a staged block may ask for (an H200 block may use 227 KB, its static
+/// shared memory included).
+constexpr int64_t kMaxStagedSmemBytes = 220 * 1024;
+
+/// @brief The widest row (bytes of input) that a launch of a group of `world` with `stages`
+/// stages stages instead of streaming, for rows whose weights take weight_bytes_per_row_byte
+/// bytes a byte of input (2 for fp8 inputs, whose weights are bf16; else 1):
+/// kMaxStagedRowBytesAlone alone at 2 stages where the ring and the weights fit
+/// kMaxStagedSmemBytes, else kMaxStagedRowBytes.
+int64_t staged_row_bytes_limit(int world, int stages, int weight_bytes_per_row_byte);
+
+/// @brief The vector access of a launch, in bytes (16, 8, or 1: the scalar path), for inputs of
+/// in_size bytes an element whose rows allow vectors of up to `allowed` bytes (vector_bytes_for:
+/// 16, 8 or the element size) at TP `world`. has_eight: whether the call's kernels have 8-byte
+/// rows (SwiftQK in the default mode). forced: LaunchTuning::vector_bytes (0 = tuned); a width
+/// the rows or kernels do not allow gives the widest narrower one. Tuned: the widest, except fp8
+/// alone, which takes 8 bytes where it can: a 16-byte fp8 vector writes 32 bytes of bf16, two
+/// stores that each fill half of every sector they touch, and an 8-byte one writes one full
+/// 16-byte store. On one H200 at TP 1 the 8-byte rows were 19-29% faster at 4096 tokens and
+/// 1.1-1.5 us at 64 on three models; at virtual TP 8 they were 8-17% slower, where the longer
+/// rows take groups of several warps (CHANGELOG.md).
+int choose_vector_bytes(int in_size, int allowed, int world, bool has_eight, int forced = 0);
+
 /// @brief The pipeline of a token group: rows staged and, with peers, the deferral depth D (the
 /// group writes token i - D while it reduces token i, so a peer up to D tokens behind costs no
 /// wait). stages - 1 - defer rows load ahead.
@@ -142,9 +169,11 @@ constexpr int kDefaultBlockThreadsAlone = 384;
 /// @param forced_vpt 0, or vectors per thread (1, 2, 4 or 8) to force on staged rows
 /// (LaunchTuning::vectors_per_thread); the group is then the fewest lanes that hold the row.
 /// @param vec_bytes bytes of a vector (16, or 8 where 16-byte vectors do not divide the rows).
+/// @param staged_limit the widest row in bytes that is staged (staged_row_bytes_limit).
 KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
                                 int block_threads = kDefaultBlockThreads, int world = 1,
-                                int forced_vpt = 0, int vec_bytes = 16);
+                                int forced_vpt = 0, int vec_bytes = 16,
+                                int64_t staged_limit = kMaxStagedRowBytes);
 
 /// Rows of at most this many 16-byte vectors (1 KB of bf16: OLMoE at TP 8) may be packed two or
 /// more to a warp, 4 vectors a thread (packed_kernel_shape).
@@ -214,9 +243,10 @@ struct LaunchRequest {
   int64_t k_full_width = 0;
   /// Elements a vector access moves: of 16 bytes when every rank's rows allow it, else of 8
   /// bytes when they allow that, else 1 (the scalar path, always streamed); capped by
-  /// LaunchTuning::max_vector_bytes.
+  /// LaunchTuning::vector_bytes.
   int vec_elems = 1;
   int vec_bytes = 16;          ///< bytes of that access (16 or 8; the scalar path ignores it)
+  int out_elem_bytes = 2;      ///< bytes of an output (and weight) element
   int64_t token_capacity = 1;  ///< CommConfig::token_capacity: tokens one launch exchanges
   int sm_count = 1;            ///< SMs of the GPU
   int sm_budget = 0;           ///< CommConfig::sm_budget (0 = all SMs)

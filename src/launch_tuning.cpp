@@ -34,10 +34,10 @@ void LaunchTuning::validate() const {
                       "thread (0 = tuned)");
   SWIFTQK_EXPECTS(block_threads == 0 || (block_threads >= 32 && block_threads <= 1024),
                   field("block_threads", block_threads) + " is outside [32, 1024] (0 = tuned)");
-  const int b = max_vector_bytes;
+  const int b = vector_bytes;
   SWIFTQK_EXPECTS(
       b == 0 || b == 1 || b == 8 || b == 16,
-      field("max_vector_bytes", b) + " is not 16, 8 or 1 (the kernels' vector widths; 0 = tuned)");
+      field("vector_bytes", b) + " is not 16, 8 or 1 (the kernels' vector widths; 0 = tuned)");
   const int o = static_cast<int>(block_order);
   SWIFTQK_EXPECTS(
       o >= static_cast<int>(BlockOrder::kTuned) && o <= static_cast<int>(BlockOrder::kInterleaved),

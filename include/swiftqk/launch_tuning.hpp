@@ -32,23 +32,24 @@ struct LaunchTuning {
   /// (1..kMaxStages - 1 while stages is tuned, which then follows as defer + 2); 0 = tuned.
   /// A group of one rank defers nothing and ignores it.
   int defer = 0;
-  /// 16-byte vectors each thread stages of a row: 1, 2, 4 or 8 (the kernel's instantiations);
-  /// 0 = tuned. A row then takes the fewest lanes that hold it (at least 8, and one a rank), and
-  /// short rows are not packed otherwise. Rows that stream (over 2048 vectors, or the scalar
-  /// path) ignore it. In the deterministic mode, 2, 4 or 8: the fewest threads a segment whose
-  /// slots fit (a count no layout fits is refused by name); its bits do not change.
+  /// Vectors (16- or 8-byte, vector_bytes) each thread stages of a row: 1, 2, 4 or 8 (the
+  /// kernel's instantiations); 0 = tuned. A row then takes the fewest lanes that hold it (at
+  /// least 8, and one a rank), and short rows are not packed otherwise. Rows that stream (over
+  /// 32 KB, or the scalar path) ignore it. In the deterministic mode, 2, 4 or 8: the fewest
+  /// threads a segment whose slots fit (a count no layout fits is refused by name); its bits do
+  /// not change.
   int vectors_per_thread = 0;
   /// Threads a block aims at, 32..1024: token groups are added while the block stays within it
   /// (at least one); 0 = tuned (384 alone, 256 with peers).
   int block_threads = 0;
   /// Ignored by a launch that serves one rank, which has one order.
   BlockOrder block_order = BlockOrder::kTuned;
-  /// The widest vector access a launch may take, in bytes: 16, 8, or 1 (the scalar path, one
-  /// element at a time); 0 = tuned (the widest the rows' widths, strides and pointers allow).
-  /// A launch takes the widest the rows allow up to this cap. The deterministic mode needs 16
-  /// (its canonical order is defined on 16-byte vectors) and the MiniMax-fused method has 16
-  /// or the scalar path.
-  int max_vector_bytes = 0;
+  /// The vector access a launch takes, in bytes: 16, 8, or 1 (the scalar path, one element at a
+  /// time); 0 = tuned (choose_vector_bytes). Where the rows' widths, strides or pointers do not
+  /// allow the width asked, the launch takes the widest narrower one they allow. The
+  /// deterministic mode needs 16 (its canonical order is defined on 16-byte vectors) and the
+  /// MiniMax-fused method has 16 or the scalar path.
+  int vector_bytes = 0;
 
   /// @brief Throws swiftqk::Error naming the first field whose value no launch can take, and
   /// the value: stages outside [kMinStages, kMaxStages], defer past stages - 1, vectors per
@@ -59,7 +60,7 @@ struct LaunchTuning {
   bool operator==(const LaunchTuning& o) const {
     return stages == o.stages && defer == o.defer && vectors_per_thread == o.vectors_per_thread &&
            block_threads == o.block_threads && block_order == o.block_order &&
-           max_vector_bytes == o.max_vector_bytes;
+           vector_bytes == o.vector_bytes;
   }
   bool operator!=(const LaunchTuning& o) const { return !(*this == o); }
 };

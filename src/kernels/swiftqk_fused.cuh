@@ -71,21 +71,10 @@ __device__ __forceinline__ Vec<Tout, VEC>* out_vec(const RankArgs& ra, int64_t t
   return reinterpret_cast<Vec<Tout, VEC>*>(p);
 }
 
-/// Element pairs of a 2-byte vector as floats (one packed unpack per pair); fp8-e4m3 pairs through
-/// one packed conversion to half2 each (exact, like the element-wise one, which spends one
-/// conversion per element: at fp8 rows' byte rates the conversion pipe, not memory, bounded the
-/// kernel); else element-wise.
+/// Element pairs of a 2-byte vector as floats (one packed unpack per pair); else element-wise.
 template <typename T, int VEC>
 __device__ __forceinline__ void vec_to_floats(const Vec<T, VEC>& x, float (&f)[VEC]) {
-  if constexpr (std::is_same_v<T, __nv_fp8_e4m3> && VEC % 2 == 0) {
-    const auto* x2 = reinterpret_cast<const __nv_fp8x2_storage_t*>(x.v);
-#pragma unroll
-    for (int e = 0; e < VEC / 2; ++e) {
-      const float2 p = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(x2[e], __NV_E4M3)));
-      f[2 * e] = p.x;
-      f[2 * e + 1] = p.y;
-    }
-  } else if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
     using P = PairOf<T>;
     const auto* x2 = reinterpret_cast<const typename P::type*>(x.v);
 #pragma unroll

@@ -144,6 +144,52 @@ TEST(ChooseKernelShape, EightByteVectorsOnEveryModelShapeAndTpDegree) {
       "vectors are of 16 or 8 bytes"));
 }
 
+TEST(ChooseVectorBytes, TheWidestTheRowsAllowAndFp8AloneInEightBytes) {
+  for (int world : {1, 2, 8}) {
+    for (int size : {1, 2, 4}) {
+      const bool fp8_alone = size == 1 && world == 1;
+      EXPECT_EQ(choose_vector_bytes(size, 16, world, true), fp8_alone ? 8 : 16) << size;
+      EXPECT_EQ(choose_vector_bytes(size, 8, world, true), 8) << size;
+      EXPECT_EQ(choose_vector_bytes(size, size, world, true), 1) << size;
+      // Without 8-byte kernels (MiniMax-fused, the deterministic mode): 16 bytes or scalar.
+      EXPECT_EQ(choose_vector_bytes(size, 16, world, false), 16) << size;
+      EXPECT_EQ(choose_vector_bytes(size, 8, world, false), 1) << size;
+      // Forced: that width where the rows allow it, else the widest narrower one.
+      EXPECT_EQ(choose_vector_bytes(size, 16, world, true, 16), 16) << size;
+      EXPECT_EQ(choose_vector_bytes(size, 16, world, true, 8), 8) << size;
+      EXPECT_EQ(choose_vector_bytes(size, 16, world, true, 1), 1) << size;
+      EXPECT_EQ(choose_vector_bytes(size, 8, world, true, 16), 8) << size;
+      EXPECT_EQ(choose_vector_bytes(size, size, world, true, 16), 1) << size;
+    }
+  }
+  EXPECT_TRUE(testing::throws_error([] { choose_vector_bytes(1, 4, 1, true); },
+                                    "rows allow 16, 8 or element-size accesses"));
+  EXPECT_TRUE(testing::throws_error([] { choose_vector_bytes(2, 16, 1, true, 4); },
+                                    "a forced width is 16, 8 or 1"));
+}
+
+TEST(StagedRowBytesLimit, AloneAtTwoStagesWhereTheRingAndWeightsFit) {
+  EXPECT_EQ(staged_row_bytes_limit(1, 2, 1), kMaxStagedRowBytesAlone);
+  EXPECT_EQ(staged_row_bytes_limit(1, 2, 2), kMaxStagedRowBytes);  // fp8: bf16 weights
+  EXPECT_EQ(staged_row_bytes_limit(1, 3, 1), kMaxStagedRowBytes);
+  EXPECT_EQ(staged_row_bytes_limit(2, 2, 1), kMaxStagedRowBytes);
+  EXPECT_LE(kMaxStagedRowBytesAlone * 3, kMaxStagedSmemBytes);
+  // 16192 + 15296 bf16 elements (3936 vectors) stream by default and are staged under the alone
+  // limit in 984 threads; 4100 vectors would need more than 1024 threads, and stream.
+  EXPECT_EQ(choose_kernel_shape(16192, 15296, 8).vectors_per_thread, 0);
+  const KernelShape s = choose_kernel_shape(16192, 15296, 8, kDefaultBlockThreadsAlone, 1, 0, 16,
+                                            kMaxStagedRowBytesAlone);
+  EXPECT_EQ(s.vectors_per_thread, 4);
+  EXPECT_EQ(s.group_threads, 992);
+  EXPECT_EQ(s.tokens_per_block, 1);
+  EXPECT_EQ(choose_kernel_shape(16400, 16400, 8, kDefaultBlockThreadsAlone, 1, 0, 16,
+                                kMaxStagedRowBytesAlone)
+                .vectors_per_thread,
+            0);
+  EXPECT_TRUE(testing::throws_error(
+      [] { choose_kernel_shape(2048, 2048, 8, 256, 1, 0, 16, 1 << 20); }, "staged row limit"));
+}
+
 TEST(ChooseKernelShape, KnownShapes) {
   // bf16, 4096/1024 at TP 2: 2048 + 512 elements = 320 vectors, 4 a thread, 80 -> 96 threads.
   KernelShape s = choose_kernel_shape(2048, 512, 8);

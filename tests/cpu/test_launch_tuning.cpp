@@ -28,7 +28,7 @@ TEST(LaunchTuning, TheDefaultLeavesEveryChoiceToThePolicyAndIsValid) {
   EXPECT_EQ(t.vectors_per_thread, 0);
   EXPECT_EQ(t.block_threads, 0);
   EXPECT_EQ(t.block_order, Order::kTuned);
-  EXPECT_EQ(t.max_vector_bytes, 0);
+  EXPECT_EQ(t.vector_bytes, 0);
   EXPECT_NO_THROW(t.validate());
   // What a caller that never heard of the tuning passes: the same default.
   EXPECT_EQ(QkNormParams{}.tuning, t);
@@ -94,15 +94,15 @@ TEST(LaunchTuning, VectorsPerThreadOnlyWhereTheKernelTableHasAnInstantiation) {
   }
 }
 
-TEST(LaunchTuning, MaxVectorBytesIsOneOfTheKernelsWidths) {
+TEST(LaunchTuning, VectorBytesIsOneOfTheKernelsWidths) {
   for (const int good : {0, 1, 8, 16}) {
-    EXPECT_NO_THROW(with(&LaunchTuning::max_vector_bytes, good).validate()) << good;
+    EXPECT_NO_THROW(with(&LaunchTuning::vector_bytes, good).validate()) << good;
   }
   for (const int bad : {-16, 2, 4, 12, 32}) {
-    const LaunchTuning t = with(&LaunchTuning::max_vector_bytes, bad);
+    const LaunchTuning t = with(&LaunchTuning::vector_bytes, bad);
     EXPECT_TRUE(testing::throws_error(
         [&] { t.validate(); },
-        "LaunchTuning.max_vector_bytes = " + std::to_string(bad) + " is not 16, 8 or 1"))
+        "LaunchTuning.vector_bytes = " + std::to_string(bad) + " is not 16, 8 or 1"))
         << bad;
   }
 }
@@ -152,7 +152,7 @@ TEST(LaunchTuning, EqualityComparesEveryField) {
   EXPECT_NE(with(&LaunchTuning::vectors_per_thread, 4), base);
   EXPECT_NE(with(&LaunchTuning::block_threads, 128), base);
   EXPECT_NE(with(&LaunchTuning::block_order, Order::kRankMajor), base);
-  EXPECT_NE(with(&LaunchTuning::max_vector_bytes, 8), base);
+  EXPECT_NE(with(&LaunchTuning::vector_bytes, 8), base);
   EXPECT_EQ(base, LaunchTuning{});
   EXPECT_EQ(with(&LaunchTuning::stages, 3), with(&LaunchTuning::stages, 3));
 }

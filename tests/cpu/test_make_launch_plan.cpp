@@ -317,7 +317,24 @@ TEST(MakeLaunchPlan, EightByteVectorsStageTwiceAsManyVectorsInTheSameBytes) {
             (wide.smem_bytes - 4096 * 2) / wide.shape.tokens_per_block * p.shape.tokens_per_block);
   // The deterministic mode's canonical order is defined on 16-byte vectors.
   r.deterministic = true;
-  testing::expect_error([&] { plan_of(r); }, {"16-byte vectors", "max_vector_bytes"});
+  testing::expect_error([&] { plan_of(r); }, {"16-byte vectors", "vector_bytes"});
+}
+
+TEST(MakeLaunchPlan, WideRowsAloneAreStagedAtTwoStagesAndStreamOtherwise) {
+  // 16192 + 15296 bf16 elements: 3936 vectors, 61.5 KB a row. Alone at the tuned 2 stages the
+  // two rows and the weights fit a block: staged in 992 threads, one block an SM.
+  const ModelShape wide{"wide", 16192, 15296};
+  const LaunchPlan alone = plan_of(bf16_request(wide, 1, 4096));
+  EXPECT_EQ(alone.shape.vectors_per_thread, 4);
+  EXPECT_EQ(alone.shape.group_threads, 992);
+  EXPECT_EQ(alone.blocks_per_sm, 1);
+  EXPECT_LE(alone.smem_bytes, static_cast<std::size_t>(kMaxStagedSmemBytes));
+  // Three stages forced: streamed.
+  LaunchTuning t;
+  t.stages = 3;
+  EXPECT_EQ(plan_of(bf16_request(wide, 1, 4096, t)).shape.vectors_per_thread, 0);
+  // With peers at TP 2 each rank's row is 1968 vectors: staged under the default limit.
+  EXPECT_EQ(plan_of(bf16_request(wide, 2, 4096)).shape.vectors_per_thread, 4);
 }
 
 TEST(MakeLaunchPlan, TunedBlockOrderAppliesToLaunchesOfSeveralRanksOnly) {

@@ -1,7 +1,7 @@
 // The three vector widths of the fused kernel on virtual ranks, against the float64 reference:
 // rows whose widths, strides or pointers allow 8-byte vectors but not 16-byte ones (fp8 widths
 // that are multiples of 8 elements, 16-bit ones of 4, f32 ones of 2), staged and streamed, and
-// every cap of LaunchTuning::max_vector_bytes on rows that allow 16-byte vectors, at every
+// every forced LaunchTuning::vector_bytes on rows that allow 16-byte vectors, at every
 // forced vectors-per-thread count. Each case first asserts which width the rows allow, so that
 // none passes on another path than the one it names.
 #include <gtest/gtest.h>
@@ -32,7 +32,7 @@ std::string name_of(const Case& c) {
   return "tp" + std::to_string(c.world) + " t" + std::to_string(c.tokens) + " q" +
          std::to_string(c.q_width) + " k" + std::to_string(c.k_width) + " " + to_string(c.in) +
          " " + to_string(c.order) + (c.layout == Layout::kSeparate ? "" : " fused") + " " +
-         to_string(c.method) + " cap " + std::to_string(c.tuning.max_vector_bytes) + " vpt " +
+         to_string(c.method) + " vector bytes " + std::to_string(c.tuning.vector_bytes) + " vpt " +
          std::to_string(c.tuning.vectors_per_thread);
 }
 
@@ -133,7 +133,7 @@ TEST(VectorWidths, EightByteFusedRowsAndTheMiniMaxScalarPath) {
   }
 }
 
-// Rows that allow 16-byte vectors, under every cap (16, 8, 1) and forced vectors-per-thread
+// Rows that allow 16-byte vectors, under every forced width (16, 8, 1) and vectors-per-thread
 // count: each instantiation of the 8-byte table runs at least once per dtype. A forced count
 // that would need more than 1024 threads a row is refused by name, before anything is written.
 TEST(VectorWidths, EveryCapAndForcedCountOnWideRows) {
@@ -141,16 +141,18 @@ TEST(VectorWidths, EveryCapAndForcedCountOnWideRows) {
   int ran = 0, refused = 0;
   for (DType dt : {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3}) {
     for (int world : {1, 2, 8}) {
-      for (int cap : {16, 8, 1}) {
+      for (int cap : {0, 16, 8, 1}) {
         for (int vpt : {0, 1, 2, 4, 8}) {
           for (NormOrder order : {NormOrder::kOlmo2, NormOrder::kLlama}) {
             Case c{world, 77, 2048, 512, dt, order};
-            c.tuning.max_vector_bytes = cap;
+            c.tuning.vector_bytes = cap;
             c.tuning.vectors_per_thread = vpt;
             const int64_t local_elems = (2048 + 512) / world;
+            // Tuned (0): fp8 alone takes 8-byte vectors, the rest 16 (choose_vector_bytes).
+            const int bytes = cap != 0 ? cap : (dt == DType::kF8E4M3 && world == 1 ? 8 : 16);
             const int64_t vectors =
-                cap == 1 ? local_elems : local_elems / static_cast<int64_t>(cap / size_of(dt));
-            if (cap > 1 && vpt != 0 && (vectors + vpt - 1) / vpt > 1024) {
+                bytes == 1 ? local_elems : local_elems / static_cast<int64_t>(bytes / size_of(dt));
+            if (bytes > 1 && vpt != 0 && (vectors + vpt - 1) / vpt > 1024) {
               EXPECT_TRUE(throws_error([&] { run_case(c, 16); }, "more than 1024 threads"))
                   << name_of(c);
               ++refused;
@@ -163,16 +165,16 @@ TEST(VectorWidths, EveryCapAndForcedCountOnWideRows) {
       }
     }
   }
-  EXPECT_GE(ran, 4 * 3 * 3 * 5 * 2 - 40);
+  EXPECT_GE(ran, 4 * 3 * 4 * 5 * 2 - 40);
   EXPECT_GT(refused, 0);
 }
 
-// The deterministic mode's canonical order is defined on 16-byte vectors: a cap below 16 is
+// The deterministic mode's canonical order is defined on 16-byte vectors: a width below 16 is
 // refused by name, and so are rows that allow only 8-byte vectors.
 TEST(VectorWidths, DeterministicModeRefusesNarrowerVectors) {
   REQUIRE_GPU();
   Case capped{2, 16, 2048, 512, DType::kBF16, NormOrder::kOlmo2};
-  capped.tuning.max_vector_bytes = 8;
+  capped.tuning.vector_bytes = 8;
   EXPECT_TRUE(throws_error(
       [&] {
         CommConfig cfg;
@@ -191,7 +193,7 @@ TEST(VectorWidths, DeterministicModeRefusesNarrowerVectors) {
         }
         launch_qk_norm_group(cp, pp, nullptr);
       },
-      "max_vector_bytes"));
+      "vector_bytes"));
 }
 
 }  // namespace

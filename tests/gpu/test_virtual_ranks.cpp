@@ -154,11 +154,19 @@ std::vector<Case> odd_cases() {
   v.push_back({8, 300, 2048, 2048, DType::kF8E4M3, NormOrder::kLlama});
   v.push_back({2, 5000, 1024, 512, DType::kBF16, NormOrder::kLlama, Layout::kSeparate,
                Launch::kGroup, 1024});
-  // Widths that are not powers of two, nor multiples of the vector size (scalar path).
+  // Widths that are not powers of two, nor multiples of the 16-byte vector: 500 + 100 bf16 in
+  // 8-byte vectors, the rest on the scalar path.
   v.push_back({2, 37, 1000, 200, DType::kBF16, NormOrder::kOlmo2});
   v.push_back({4, 37, 4100, 12, DType::kF32, NormOrder::kLlama});
   v.push_back({3, 21, 3 * 129, 3 * 7, DType::kF16, NormOrder::kOlmo2});
   v.push_back({1, 9, 40000, 1000, DType::kBF16, NormOrder::kOlmo2});  // streaming path
+  // Rows of 32-64 KB alone: staged in one group of up to 1024 threads a block
+  // (staged_row_bytes_limit), in place too; with peers each rank's half row is staged as usual.
+  v.push_back({1, 300, 16192, 15296, DType::kBF16, NormOrder::kOlmo2});
+  v.push_back({1, 4100, 8512, 15584, DType::kF16, NormOrder::kLlama});
+  v.push_back({1, 77, 8000, 6000, DType::kF32, NormOrder::kOlmo2});
+  v.push_back({1, 9, 16192, 15296, DType::kBF16, NormOrder::kLlama, Layout::kFusedInPlace});
+  v.push_back({2, 300, 16192, 15296, DType::kBF16, NormOrder::kOlmo2});
   v.push_back({2, 9, 131072, 2048, DType::kBF16, NormOrder::kLlama});
   // Views into a fused QKV projection output, in place and out of place.
   v.push_back({2, 64, 5120, 1024, DType::kBF16, NormOrder::kOlmo2, Layout::kFusedInPlace});

@@ -400,46 +400,37 @@ TEST_F(ValidateTest, VectorBytesForAlignedCallsIs16) {
   EXPECT_EQ(vector_bytes_for(FusedInPlace()), 16);
 }
 
-TEST_F(ValidateTest, VectorBytesForWidthsOf8ByteVectorsIs8) {
-  // Q 1000 over TP 2: shard 500 bf16 elements, a multiple of 4 (8 bytes), not of 8.
-  QkNormParams p = Valid();
-  p.q_full_width = 1000;
-  p.q.width = p.q.in_stride = p.q.out_stride = 500;
-  ASSERT_NO_THROW(validate_params(p, kTp));
-  EXPECT_EQ(vector_bytes_for(p), 8);
-  // fp8: shard 1016 (a multiple of 8, not of 16).
-  p = Valid(DType::kF8E4M3);
-  p.q_full_width = 2032;
-  p.q.width = p.q.in_stride = p.q.out_stride = 1016;
-  ASSERT_NO_THROW(validate_params(p, kTp));
-  EXPECT_EQ(vector_bytes_for(p), 8);
-  // f32: K 1020 over TP 2 = 510, a multiple of 2.
-  p = Valid(DType::kF32);
-  p.k_full_width = 1020;
-  p.k.width = p.k.in_stride = p.k.out_stride = 510;
-  ASSERT_NO_THROW(validate_params(p, kTp));
-  EXPECT_EQ(vector_bytes_for(p), 8);
+// Valid(dt) with Q's (or K's) shard `shard` elements wide over kTp ranks, dense rows.
+QkNormParams WithShard(const QkNormParams& valid, bool q, int64_t shard) {
+  QkNormParams p = valid;
+  (q ? p.q_full_width : p.k_full_width) = shard * kTp;
+  ShardView& v = q ? p.q : p.k;
+  v.width = v.in_stride = v.out_stride = shard;
+  return p;
 }
 
-TEST_F(ValidateTest, VectorBytesForOddWidthIsTheElementSize) {
-  // Q 1004 over TP 2: shard 502 bf16 elements, not a multiple of 4.
-  QkNormParams p = Valid();
-  p.q_full_width = 1004;
-  p.q.width = p.q.in_stride = p.q.out_stride = 502;
-  ASSERT_NO_THROW(validate_params(p, kTp));
-  EXPECT_EQ(vector_bytes_for(p), 2);
-  // fp8: shard 1012 (a multiple of 4, not of 8).
-  p = Valid(DType::kF8E4M3);
-  p.q_full_width = 2024;
-  p.q.width = p.q.in_stride = p.q.out_stride = 1012;
-  ASSERT_NO_THROW(validate_params(p, kTp));
-  EXPECT_EQ(vector_bytes_for(p), 1);
-  // f32: K 1022 over TP 2 = 511.
-  p = Valid(DType::kF32);
-  p.k_full_width = 1022;
-  p.k.width = p.k.in_stride = p.k.out_stride = 511;
-  ASSERT_NO_THROW(validate_params(p, kTp));
-  EXPECT_EQ(vector_bytes_for(p), 4);
+TEST_F(ValidateTest, VectorBytesForShardWidths) {
+  struct Want {
+    DType dt;
+    bool q;
+    int64_t shard;
+    int bytes;
+  };
+  const Want cases[] = {
+      // Multiples of an 8-byte vector but not of a 16-byte one: 8.
+      {DType::kBF16, true, 500, 8},     // 4 x 125
+      {DType::kF8E4M3, true, 1016, 8},  // 8 x 127
+      {DType::kF32, false, 510, 8},     // 2 x 255
+      // Not even that: the element size (the scalar path).
+      {DType::kBF16, true, 502, 2},
+      {DType::kF8E4M3, true, 1012, 1},
+      {DType::kF32, false, 511, 4},
+  };
+  for (const Want& w : cases) {
+    const QkNormParams p = WithShard(Valid(w.dt), w.q, w.shard);
+    ASSERT_NO_THROW(validate_params(p, kTp)) << w.shard;
+    EXPECT_EQ(vector_bytes_for(p), w.bytes) << to_string(w.dt) << " shard " << w.shard;
+  }
 }
 
 TEST_F(ValidateTest, VectorBytesForMisalignedPointerOrStrideIsNarrower) {

@@ -132,14 +132,13 @@ struct KernelPicker {
 struct FootprintOnDevice {
   const KernelPicker& kernels;
   int64_t row_vectors;  // vectors (or scalar elements) of one rank's Q and K row
-  int vec_bytes;        // bytes of a staged vector
   std::size_t weight_bytes;
   int device;
   KernelFootprint operator()(const KernelCandidate& c) const {
     KernelFootprint f;
     if (c.shape.vectors_per_thread > 0) {
       f.smem_bytes = detail::staged_smem_bytes(row_vectors, c.shape.tokens_per_block, weight_bytes,
-                                               c.depth.stages, vec_bytes);
+                                               c.depth.stages, c.shape.vec_bytes);
     }
     f.blocks_per_sm =
         max_blocks_per_sm(reinterpret_cast<const void*>(kernels.of(c.shape, c.orders)),
@@ -248,7 +247,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   kernels.key.deterministic = p0.deterministic;
   const int64_t qw = p0.q_full_width / world, kw = p0.k_full_width / world;
   const FootprintOnDevice footprint{
-      kernels, qw / req.vec_elems + kw / req.vec_elems, req.vec_bytes,
+      kernels, qw / req.vec_elems + kw / req.vec_elems,
       static_cast<std::size_t>(qw + kw) * dtype_size(output_dtype_for(p0.in_dtype)), s0.device};
   // By reference: the callback then holds one pointer and copies nothing.
   const LaunchPlan plan = make_launch_plan(req, std::cref(footprint));

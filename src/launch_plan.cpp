@@ -72,6 +72,7 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
   SWIFTQK_EXPECTS(staged_limit >= kMaxStagedRowBytes && staged_limit <= kMaxStagedRowBytesAlone,
                   "choose_kernel_shape: the staged row limit must be in [kMaxStagedRowBytes, "
                   "kMaxStagedRowBytesAlone]");
+  // Staged rows take 4 vectors a thread in at most 1024 threads (or the forced count below).
   if (vec_elems == 1 || n * vec_bytes > staged_limit || n > 1024 * 4) {
     // Streaming: each thread walks its vectors twice; ~8 per thread keeps the group small.
     s.vectors_per_thread = 0;

@@ -173,8 +173,8 @@ TEST(VectorWidths, EveryCapAndForcedCountOnWideRows) {
 // refused by name, and so are rows that allow only 8-byte vectors.
 TEST(VectorWidths, DeterministicModeRefusesNarrowerVectors) {
   REQUIRE_GPU();
-  Case capped{2, 16, 2048, 512, DType::kBF16, NormOrder::kOlmo2};
-  capped.tuning.vector_bytes = 8;
+  LaunchTuning eight;
+  eight.vector_bytes = 8;
   EXPECT_TRUE(throws_error(
       [&] {
         CommConfig cfg;
@@ -186,7 +186,7 @@ TEST(VectorWidths, DeterministicModeRefusesNarrowerVectors) {
         std::vector<QkNormParams> pp;
         for (int r = 0; r < 2; ++r) {
           ranks.push_back(make_rank(p, 2, r, Layout::kSeparate));
-          ranks.back().params.tuning = capped.tuning;
+          ranks.back().params.tuning = eight;
           ranks.back().params.deterministic = true;
           cp.push_back(&comms[r]);
           pp.push_back(ranks.back().params);

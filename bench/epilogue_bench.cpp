@@ -105,7 +105,14 @@ int64_t verify(const EpilogueHost& h, const ref::EpilogueExpected& gold, int tp,
   return wrong;
 }
 
-json run_point(const Options& o, const Point& pt, const EpilogueHost& h,
+// What the epilogue runs beside the common options: its launch-shape overrides, and whether to
+// time the fused launch and the copy only (tuning sweeps).
+struct EpilogueOptions {
+  EpilogueTuning tuning;
+  bool fused_only = false;
+};
+
+json run_point(const Options& o, const EpilogueOptions& eo, const Point& pt, const EpilogueHost& h,
                const ref::EpilogueExpected& gold, cudaStream_t s) {
   const Model& m = *pt.model;
   const int tp = pt.tp;
@@ -121,7 +128,10 @@ json run_point(const Options& o, const Point& pt, const EpilogueHost& h,
                             ((qh + 2 * kh) * es + qh * es + 2 * kh * ce);
   const int sets = rotation_sets_for(moved);
   std::vector<RankSet> data;
-  for (int i = 0; i < sets; ++i) data.push_back(make_set(h, tp, m.q, m.k));
+  for (int i = 0; i < sets; ++i) {
+    data.push_back(make_set(h, tp, m.q, m.k));
+    for (QkEpilogueParams& e : data.back().epilogue) e.tuning = eo.tuning;
+  }
   const RopeShape rs{pt.tokens,
                      static_cast<int>(qh),
                      static_cast<int>(kh),
@@ -145,14 +155,21 @@ json run_point(const Options& o, const Point& pt, const EpilogueHost& h,
       h, gold, tp, data[0], comms, 1.0,
       [&] { launch_qk_epilogue_group(cp, data[0].epilogue, nullptr); }, first);
   // The chain rounds Q and K after the norm and again after the rotation.
-  const int64_t wrong_unfused = verify(
-      h, gold, tp, data[0], comms, 2.0, [&] { run_unfused(cp, data[0], rs, cs, nullptr); }, first);
+  const int64_t wrong_unfused =
+      eo.fused_only ? 0
+                    : verify(
+                          h, gold, tp, data[0], comms, 2.0,
+                          [&] { run_unfused(cp, data[0], rs, cs, nullptr); }, first);
 
   const Stats fused =
       time_it(o, s, [&](int i) { launch_qk_epilogue_group(cp, data[i % sets].epilogue, s); });
-  const Stats unfused = time_it(o, s, [&](int i) { run_unfused(cp, data[i % sets], rs, cs, s); });
-  const Stats norm =
-      time_it(o, s, [&](int i) { launch_qk_norm_group(cp, data[i % sets].norm, s); });
+  const Stats none{};
+  const Stats unfused = eo.fused_only ? none : time_it(o, s, [&](int i) {
+    run_unfused(cp, data[i % sets], rs, cs, s);
+  });
+  const Stats norm = eo.fused_only ? none : time_it(o, s, [&](int i) {
+    launch_qk_norm_group(cp, data[i % sets].norm, s);
+  });
   for (auto& c : comms) c.check_error();  // no timed launch may have failed
 
   const std::size_t half = (moved / 2 + 15) / 16 * 16;
@@ -182,6 +199,10 @@ json run_point(const Options& o, const Point& pt, const EpilogueHost& h,
   j["wrong_fused"] = wrong_fused;
   j["wrong_unfused"] = wrong_unfused;
   if (!first.empty()) j["first_error"] = first;
+  j["block_threads"] = eo.tuning.block_threads;
+  j["stages"] = eo.tuning.stages;
+  j["defer"] = eo.tuning.defer;
+  j["fused_only"] = eo.fused_only;
   j["mode"] = o.mode;
   j["commit"] = o.commit;
   j["device"] = device_name();
@@ -195,6 +216,13 @@ int main(int argc, char** argv) {
   std::string models = "olmoe,olmo2-13b,olmo3-32b,minimax-m2", tokens = "1,64,2048,4096,16384",
               tps = "1,2,4,8", caches = "bf16,fp8", json_path;
   Options o;
+  EpilogueOptions eo;
+  app.add_option("--block-threads", eo.tuning.block_threads, "threads a block (0 = tuned)");
+  app.add_option("--stages", eo.tuning.stages, "tokens staged per block (0 = tuned)");
+  app.add_option("--defer", eo.tuning.defer,
+                 "tokens a block writes behind the one it reduces (-1 = tuned)");
+  app.add_flag("--fused-only", eo.fused_only,
+               "verify and time the fused launch and the copy only (no unfused chain or norm)");
   app.add_option("--models", models, "model shapes (bench/models.json)")->capture_default_str();
   app.add_option("--tokens", tokens, "token counts")->capture_default_str();
   app.add_option("--tp", tps, "TP degrees (virtual ranks on one GPU)")->capture_default_str();
@@ -252,7 +280,7 @@ int main(int argc, char** argv) {
         const ref::EpilogueExpected gold = ref::epilogue_fp64(h.ref);
         for (int tp : tp_list) {
           if (st.q_heads % tp != 0 || st.kv_heads % tp != 0) continue;
-          const json j = run_point(o, {m, t, tp, cache}, h, gold, s);
+          const json j = run_point(o, eo, {m, t, tp, cache}, h, gold, s);
           const int64_t wrong = j["wrong_fused"].get<int64_t>() + j["wrong_unfused"].get<int64_t>();
           total_wrong += wrong;
           std::printf("%-11s %3d %6lld %5s %10.2f %10.2f %8.2f %8.2f %10.2f %8.1f %6lld\n",

@@ -52,10 +52,10 @@ void check_group_agrees(const std::vector<Communicator*>& comms,
         p.cache.num_blocks == p0.cache.num_blocks && p.cache.block_size == p0.cache.block_size &&
         p.cache.block_stride == p0.cache.block_stride &&
         p.cache.slot_stride == p0.cache.slot_stride &&
-        p.cache.head_stride == p0.cache.head_stride && p.pdl == p0.pdl;
+        p.cache.head_stride == p0.cache.head_stride && p.pdl == p0.pdl && p.tuning == p0.tuning;
     SWIFTQK_EXPECTS(same, who +
                               " differs from slot 0 in tokens, heads, head_dim, dtypes, k_out, "
-                              "norm, eps, rope, cache geometry or pdl");
+                              "norm, eps, rope, cache geometry, pdl or tuning");
     for (std::size_t j = 0; j < i; ++j) {
       SWIFTQK_EXPECTS(
           comms[j]->state().rank != s.rank,

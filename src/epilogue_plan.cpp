@@ -2,6 +2,9 @@
 #include "epilogue_plan.hpp"
 
 #include <algorithm>
+#include <string>
+
+#include "swiftqk/error.hpp"
 
 namespace swiftqk {
 
@@ -43,17 +46,29 @@ uint32_t epilogue_div_magic(uint32_t d) {
 
 EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
                              std::size_t stage_bytes) {
+  const EpilogueTuning& t = p.tuning;
   EpilogueShape s;
   s.vec = vec;
   const int64_t units = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim / vec;
   int threads = kEpilogueMinThreads;
   while (threads < kEpilogueBlockCap && threads * kEpilogueUnitsPerThread < units) threads <<= 1;
-  s.threads = threads;
+  s.threads = t.block_threads != 0 ? t.block_threads : threads;
   int log2_world = 0;
   while ((1 << log2_world) < world) ++log2_world;
-  s.defer = epilogue_exchanges(p, world) ? std::min(log2_world, kEpilogueMaxDefer) : 0;
-  s.stages =
-      std::min(kEpilogueStageCap, s.defer + 1 + (stage_bytes <= kEpilogueDeepStageBytes ? 2 : 1));
+  const bool exchanges = epilogue_exchanges(p, world);
+  SWIFTQK_EXPECTS(exchanges || t.defer <= 0,
+                  "QkEpilogueParams.tuning.defer = " + std::to_string(t.defer) +
+                      ": a launch that exchanges nothing (TP 1, or a headwise norm) defers "
+                      "nothing; give 0 or -1 (tuned)");
+  const int policy_defer = exchanges ? std::min(log2_world, kEpilogueMaxDefer) : 0;
+  const int ahead = stage_bytes <= kEpilogueDeepStageBytes ? 2 : 1;
+  if (t.stages != 0) {
+    s.stages = t.stages;
+    s.defer = t.defer >= 0 ? t.defer : std::min(policy_defer, t.stages - 2);
+  } else {
+    s.defer = t.defer >= 0 ? t.defer : policy_defer;
+    s.stages = std::min(kEpilogueStageCap, s.defer + 1 + ahead);
+  }
   s.cs_copy_bytes = epilogue_cos_sin_copy_bytes(p);
   return s;
 }

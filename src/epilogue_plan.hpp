@@ -20,6 +20,9 @@ constexpr std::size_t kEpilogueDeepStageBytes = 16 * 1024;
 /// With peers, a token's collect lags its publish by ceil(log2(TP)) tokens, at most this many
 /// (the plain kernel's deferral): a peer a few tokens behind then costs no wait.
 constexpr int kEpilogueMaxDefer = 2;
+/// The largest deferral a ring holds: a deferred token and the one loading ahead need a stage each
+/// beside the one reduced.
+constexpr int kEpilogueDeferCap = kEpilogueStageCap - 2;
 
 /// @brief Elements per access: 16 bytes of the model dtype when every pointer, stride and width
 /// the kernel touches with vectors allows it (and a rotation pairs whole vectors: NeoX needs
@@ -35,7 +38,9 @@ struct EpilogueShape {
 };
 
 /// @brief The shape for p on a group of `world` ranks, with access width vec and a ring stage of
-/// stage_bytes.
+/// stage_bytes: the policy, with p.tuning's overrides (a forced ring shortens the policy's
+/// deferral to fit, leaving at least one row loading ahead). Throws swiftqk::Error for a forced
+/// deferral on a launch that exchanges nothing (TP 1, or headwise), which defers nothing.
 EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
                              std::size_t stage_bytes);
 

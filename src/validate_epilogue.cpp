@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "epilogue_plan.hpp"
 #include "extent.hpp"
 #include "kernels/launch_args.hpp"
 #include "swiftqk/error.hpp"
@@ -220,8 +221,27 @@ struct Named {
 
 }  // namespace
 
+void EpilogueTuning::validate() const {
+  const std::string who = "QkEpilogueParams.tuning.";
+  SWIFTQK_EXPECTS(block_threads == 0 || (block_threads >= 32 && block_threads <= kEpilogueBlockCap &&
+                                         block_threads % 32 == 0),
+                  who + "block_threads = " + num(block_threads) +
+                      " is not a multiple of 32 in [32, " + num(kEpilogueBlockCap) +
+                      "] (0 = tuned)");
+  SWIFTQK_EXPECTS(stages == 0 || (stages >= 2 && stages <= kEpilogueStageCap),
+                  who + "stages = " + num(stages) + " is outside [2, " + num(kEpilogueStageCap) +
+                      "] (0 = tuned)");
+  const int max_defer = stages != 0 ? std::min(kEpilogueDeferCap, stages - 2) : kEpilogueDeferCap;
+  SWIFTQK_EXPECTS(defer == -1 || (defer >= 0 && defer <= max_defer),
+                  who + "defer = " + num(defer) + " is outside [0, " + num(max_defer) + "] (" +
+                      (stages != 0 ? "stages - 2 with stages = " + num(stages)
+                                   : std::string("the kernel's largest")) +
+                      "; -1 = tuned)");
+}
+
 void validate_epilogue_params(const QkEpilogueParams& p, int world_size) {
   check_scalars(p, world_size);
+  p.tuning.validate();
   if (p.tokens == 0) return;  // nothing is read or written
 
   const RopeParams& r = p.rope;

@@ -58,6 +58,30 @@ struct PagedKvCache {
   const int64_t* slot_mapping = nullptr;
 };
 
+/// @brief Overrides of the epilogue's tuned launch shape (epilogue_shape in src/epilogue_plan.hpp),
+/// for tuning runs and for engines that have measured their own shapes. The defaults leave every
+/// choice to the policy. It changes how the work is spread, not what is computed: the ring's depth
+/// and the deferral leave every output bit as it is; another block size sums a row's squares in
+/// another order, within the same tolerance.
+struct EpilogueTuning {
+  /// Threads a block: a multiple of 32 in [32, 512]; 0 = tuned (the row's vectors, 4 a thread).
+  int block_threads = 0;
+  /// Tokens staged per block (the ring): 2..6; 0 = tuned.
+  int stages = 0;
+  /// With peers, tokens a block writes behind the one it reduces (the exchange's lag): 0..4 and
+  /// at most stages - 2; -1 = tuned. A launch that exchanges nothing defers nothing: it takes
+  /// 0 or -1 only.
+  int defer = -1;
+
+  /// @brief Throws swiftqk::Error naming the first field no launch can take, and its value.
+  void validate() const;
+
+  bool operator==(const EpilogueTuning& o) const {
+    return block_threads == o.block_threads && stages == o.stages && defer == o.defer;
+  }
+  bool operator!=(const EpilogueTuning& o) const { return !(*this == o); }
+};
+
 /// @brief Everything one rank's epilogue launch needs besides the communicator and the stream.
 /// Shards are head-aligned: this rank holds num_q_heads whole Q heads and num_kv_heads whole K
 /// and V heads, as strided views (each row of `width` contiguous elements), for example column
@@ -105,6 +129,8 @@ struct QkEpilogueParams {
   PagedKvCache cache;
   /// Programmatic dependent launch, as QkNormParams::pdl. All ranks must agree on it.
   bool pdl = false;
+  /// The launch shape, where the caller overrides the policy. All ranks must give the same.
+  EpilogueTuning tuning;
 };
 
 /// @brief Throws swiftqk::Error naming the first problem with p for a group of world_size ranks

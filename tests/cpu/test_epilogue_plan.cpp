@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 
 #include "epilogue_plan.hpp"
+#include "swiftqk/error.hpp"
 
 namespace swiftqk {
 namespace {
@@ -68,6 +70,79 @@ TEST(EpiloguePlan, ExchangeDefersAndDeepensTheRing) {
   QkEpilogueParams headwise = p;
   headwise.scope = NormScope::kHeadwise;  // nothing exchanged: nothing deferred
   EXPECT_EQ(epilogue_shape(headwise, 8, 8, 4096).defer, 0);
+}
+
+TEST(EpiloguePlan, TuningOverridesThePolicyAndAForcedRingShortensItsDeferral) {
+  QkEpilogueParams p = aligned_params();
+  p.tuning.block_threads = 96;
+  p.tuning.stages = 5;
+  EpilogueShape s = epilogue_shape(p, 8, 8, 4096);
+  EXPECT_EQ(s.threads, 96);
+  EXPECT_EQ(s.stages, 5);
+  EXPECT_EQ(s.defer, 2);  // the policy's for TP 8
+  p.tuning.stages = 3;
+  EXPECT_EQ(epilogue_shape(p, 8, 8, 4096).defer, 1);  // stages - 2: one row still loads ahead
+  p.tuning.stages = 2;
+  EXPECT_EQ(epilogue_shape(p, 2, 8, 4096).defer, 0);
+  p.tuning.stages = 6;
+  EXPECT_EQ(epilogue_shape(p, 1, 8, 4096).defer, 0);  // alone: all but one stage load ahead
+  p.tuning.stages = 0;
+  p.tuning.defer = 0;  // the ring follows as defer + 1 + the rows ahead
+  s = epilogue_shape(p, 2, 8, 4096);
+  EXPECT_EQ(s.defer, 0);
+  EXPECT_EQ(s.stages, 3);
+  p.tuning.defer = 3;
+  EXPECT_EQ(epilogue_shape(p, 2, 8, 64 * 1024).stages, 5);
+  EXPECT_EQ(epilogue_shape(p, 8, 8, 4096).stages, kEpilogueStageCap);
+}
+
+TEST(EpiloguePlan, AForcedDeferralWithoutAnExchangeIsRefusedByName) {
+  QkEpilogueParams p = aligned_params();
+  p.tuning.defer = 1;
+  try {
+    epilogue_shape(p, 1, 8, 4096);
+    ADD_FAILURE() << "a deferral at TP 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tuning.defer = 1: a launch that exchanges nothing"),
+              std::string::npos)
+        << e.what();
+  }
+  p.scope = NormScope::kHeadwise;
+  EXPECT_THROW(epilogue_shape(p, 8, 8, 4096), Error);
+  p.tuning.defer = 0;
+  EXPECT_EQ(epilogue_shape(p, 8, 8, 4096).defer, 0);
+}
+
+TEST(EpiloguePlan, TuningValuesNoLaunchTakesAreRefusedByName) {
+  auto refused = [](EpilogueTuning t, const std::string& what) {
+    try {
+      t.validate();
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  EpilogueTuning t;
+  EXPECT_NO_THROW(t.validate());
+  t.block_threads = 48;
+  refused(t, "block_threads = 48");
+  t.block_threads = 1024;
+  refused(t, "block_threads = 1024");
+  t = {};
+  t.stages = 1;
+  refused(t, "stages = 1");
+  t.stages = kEpilogueStageCap + 1;
+  refused(t, "stages = 7");
+  t = {};
+  t.defer = kEpilogueDeferCap + 1;
+  refused(t, "defer = 5");
+  t.stages = 3;
+  t.defer = 2;
+  refused(t, "defer = 2 is outside [0, 1] (stages - 2 with stages = 3");
+  t.defer = -2;
+  refused(t, "defer = -2");
+  t.defer = 1;
+  EXPECT_NO_THROW(t.validate());
 }
 
 TEST(EpiloguePlan, BlockGrowsWithTheRowUpToTheCap) {

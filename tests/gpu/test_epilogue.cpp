@@ -186,6 +186,92 @@ TEST(Epilogue, ChunkedBeyondTheWorkspaceCapacity) {
 }
 
 // Graphs captured once per token count replay on fresh inputs each time.
+// Every output byte a call writes (q_out, or the rows of q in place; both caches; k_out).
+std::vector<uint8_t> output_bytes(const EpilogueRank& d) {
+  std::vector<uint8_t> out;
+  for (const DeviceBuffer* b : {&d.qkv, &d.q_out, &d.k_out, &d.k_cache, &d.v_cache}) {
+    const std::size_t at = out.size();
+    out.resize(at + b->bytes());
+    if (b->bytes() > 0) {
+      SWIFTQK_CUDA_TRY(cudaMemcpy(out.data() + at, b->get(), b->bytes(), cudaMemcpyDeviceToHost));
+    }
+  }
+  return out;
+}
+
+// Every launch shape EpilogueTuning allows is correct against float64; the ring's depth and the
+// deferral leave every output bit as the tuned launch writes it, since they change when a row is
+// processed, not how. A deferral at TP 1 is refused by name, with nothing written.
+TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  uint64_t seed = 3100;
+  int compared = 0, refused = 0;
+  for (const Model& m : {kModels[0], kModels[2], kModels[3]}) {
+    for (int world : {1, 2, 8}) {
+      if (m.kv_heads % world != 0) continue;
+      const EpilogueSetup s = setup_of(m, 300, ++seed);
+      const EpilogueHost h = EpilogueHost::random(s);
+      const ref::EpilogueExpected gold = ref::epilogue_fp64(h.ref);
+      auto run = [&](const EpilogueTuning& t) {
+        Group g(world);
+        Ranks r = make_ranks(h, world, s.seed * 31);
+        std::vector<QkEpilogueParams> p = r.params();
+        for (QkEpilogueParams& e : p) e.tuning = t;
+        launch_qk_epilogue_group(g.ptrs, p, nullptr);
+        SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+        for (auto& c : g.comms) c.check_error();
+        for (int i = 0; i < world; ++i) {
+          const EpilogueCheck c = check_epilogue_rank(h, gold, world, i, r.d[i], r.before[i], {});
+          EXPECT_TRUE(c.ok()) << "rank " << i << ": " << c.first_error;
+          EXPECT_GT(c.checked, 0);
+        }
+        std::vector<std::vector<uint8_t>> bytes;
+        for (const EpilogueRank& d : r.d) bytes.push_back(output_bytes(d));
+        return bytes;
+      };
+      const auto tuned = run({});
+      for (int threads : {0, 32, 512}) {
+        for (int stages : {0, 2, 4, 6}) {
+          for (int defer : {-1, 0, 1, 2, 3}) {
+            EpilogueTuning t;
+            t.block_threads = threads;
+            t.stages = stages;
+            t.defer = defer;
+            try {
+              t.validate();
+            } catch (const Error&) {
+              continue;  // refused by name (CPU-tested); not a launch shape
+            }
+            SCOPED_TRACE(m.name + std::string(" TP ") + std::to_string(world) + " threads " +
+                         std::to_string(threads) + " stages " + std::to_string(stages) +
+                         " defer " + std::to_string(defer));
+            if (world == 1 && defer > 0) {  // nothing exchanged, nothing to defer: refused
+              Group g(world);
+              Ranks r = make_ranks(h, world, s.seed * 31);
+              const std::vector<uint8_t> before = output_bytes(r.d[0]);
+              std::vector<QkEpilogueParams> p = r.params();
+              p[0].tuning = t;
+              expect_error([&] { launch_qk_epilogue_group(g.ptrs, p, nullptr); },
+                           {"tuning.defer = ", "a launch that exchanges nothing"});
+              SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+              EXPECT_TRUE(output_bytes(r.d[0]) == before) << "a refused launch wrote";
+              ++refused;
+              continue;
+            }
+            const auto got = run(t);
+            if (threads == 0) {
+              for (int i = 0; i < world; ++i) EXPECT_TRUE(got[i] == tuned[i]) << "rank " << i;
+              ++compared;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(compared, 100);  // the bitwise comparisons ran
+  EXPECT_GT(refused, 0);
+}
+
 TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   const int world = 4;

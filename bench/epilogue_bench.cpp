@@ -164,9 +164,9 @@ json run_point(const Options& o, const EpilogueOptions& eo, const Point& pt, con
   const Stats fused =
       time_it(o, s, [&](int i) { launch_qk_epilogue_group(cp, data[i % sets].epilogue, s); });
   const Stats none{};
-  const Stats unfused = eo.fused_only ? none : time_it(o, s, [&](int i) {
-    run_unfused(cp, data[i % sets], rs, cs, s);
-  });
+  const Stats unfused =
+      eo.fused_only ? none
+                    : time_it(o, s, [&](int i) { run_unfused(cp, data[i % sets], rs, cs, s); });
   const Stats norm = eo.fused_only ? none : time_it(o, s, [&](int i) {
     launch_qk_norm_group(cp, data[i % sets].norm, s);
   });

@@ -223,11 +223,11 @@ struct Named {
 
 void EpilogueTuning::validate() const {
   const std::string who = "QkEpilogueParams.tuning.";
-  SWIFTQK_EXPECTS(block_threads == 0 || (block_threads >= 32 && block_threads <= kEpilogueBlockCap &&
-                                         block_threads % 32 == 0),
-                  who + "block_threads = " + num(block_threads) +
-                      " is not a multiple of 32 in [32, " + num(kEpilogueBlockCap) +
-                      "] (0 = tuned)");
+  SWIFTQK_EXPECTS(
+      block_threads == 0 ||
+          (block_threads >= 32 && block_threads <= kEpilogueBlockCap && block_threads % 32 == 0),
+      who + "block_threads = " + num(block_threads) + " is not a multiple of 32 in [32, " +
+          num(kEpilogueBlockCap) + "] (0 = tuned)");
   SWIFTQK_EXPECTS(stages == 0 || (stages >= 2 && stages <= kEpilogueStageCap),
                   who + "stages = " + num(stages) + " is outside [2, " + num(kEpilogueStageCap) +
                       "] (0 = tuned)");

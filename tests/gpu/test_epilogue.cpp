@@ -243,8 +243,8 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
               continue;  // refused by name (CPU-tested); not a launch shape
             }
             SCOPED_TRACE(m.name + std::string(" TP ") + std::to_string(world) + " threads " +
-                         std::to_string(threads) + " stages " + std::to_string(stages) +
-                         " defer " + std::to_string(defer));
+                         std::to_string(threads) + " stages " + std::to_string(stages) + " defer " +
+                         std::to_string(defer));
             if (world == 1 && defer > 0) {  // nothing exchanged, nothing to defer: refused
               Group g(world);
               Ranks r = make_ranks(h, world, s.seed * 31);

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "comm_state.hpp"
+#include "config_stamp.hpp"
 #include "cuda_check.hpp"
 #include "kernels/exchange.cuh"
 #include "protocol.hpp"
@@ -270,6 +271,7 @@ __global__ void probe_kernel(uint8_t* const* peers, uint8_t* local, int rank, in
 }  // namespace detail
 
 using detail::CommState;
+using detail::ConfigStamp;
 using detail::DeviceGuard;
 
 Communicator::Communicator(std::unique_ptr<CommState> state) : state_(std::move(state)) {}
@@ -476,14 +478,14 @@ std::vector<Communicator> Communicator::create_local_group(const std::vector<int
 
 namespace {
 constexpr uint32_t kHandleMagic = 0x5157534bu;  // "KSWQ"
-constexpr uint32_t kHandleVersion = 2;
+constexpr uint32_t kHandleVersion = 3;
 
 struct HandleBlob {
   uint32_t magic;
   uint32_t version;
   int32_t rank;
   int32_t world;
-  int64_t capacity;
+  ConfigStamp stamp;  // what every rank's CommConfig must agree on
   uint64_t workspace_bytes;
   uint64_t process;  // process_nonce() of the creating process
   uint64_t address;  // the workspace's device address there
@@ -491,6 +493,32 @@ struct HandleBlob {
   int32_t reserved;
   cudaIpcMemHandle_t handle;
 };
+// The handles of a group of `world`, ordered by rank, each checked for what it must be; then the
+// ranks' configurations must agree (every rank that disagrees throws, before any later step).
+std::vector<HandleBlob> parse_handles(const std::vector<std::vector<uint8_t>>& handles, int world,
+                                      int my_rank, const CommConfig& config,
+                                      const std::string& who) {
+  SWIFTQK_EXPECTS(static_cast<int>(handles.size()) == world,
+                  who + ": got " + std::to_string(handles.size()) + " handles for a group of " +
+                      std::to_string(world));
+  std::vector<HandleBlob> blobs(handles.size());
+  std::vector<ConfigStamp> stamps;
+  for (int r = 0; r < world; ++r) {
+    const std::string h = who + ": handle " + std::to_string(r);
+    SWIFTQK_EXPECTS(handles[r].size() == sizeof(HandleBlob), h + " has the wrong size");
+    HandleBlob& b = blobs[r];
+    std::memcpy(&b, handles[r].data(), sizeof b);
+    SWIFTQK_EXPECTS(b.magic == kHandleMagic && b.version == kHandleVersion,
+                    h + " is not a SwiftQK handle of this version");
+    SWIFTQK_EXPECTS(b.rank == r, h + " belongs to rank " + std::to_string(b.rank) +
+                                     " (handles must be ordered by rank)");
+    SWIFTQK_EXPECTS(b.world == world, h + " is for a group of " + std::to_string(b.world) +
+                                          " ranks, this one has " + std::to_string(world));
+    stamps.push_back(b.stamp);
+  }
+  detail::check_stamps_agree(stamps, detail::stamp_of(config), my_rank, who);
+  return blobs;
+}
 }  // namespace
 
 IpcBootstrap::IpcBootstrap(int rank, int world_size, int device, const CommConfig& config)
@@ -511,7 +539,7 @@ std::vector<uint8_t> IpcBootstrap::local_handle() const {
   b.version = kHandleVersion;
   b.rank = state_->rank;
   b.world = state_->world;
-  b.capacity = state_->config.token_capacity;
+  b.stamp = detail::stamp_of(state_->config);
   b.workspace_bytes = workspace_bytes(state_->world, state_->config.token_capacity);
   b.process = process_nonce();
   b.address = reinterpret_cast<uint64_t>(state_->local_ws);
@@ -526,25 +554,12 @@ std::vector<uint8_t> IpcBootstrap::local_handle() const {
 Communicator IpcBootstrap::connect(const std::vector<std::vector<uint8_t>>& handles) {
   SWIFTQK_EXPECTS(state_ != nullptr, "IpcBootstrap: already connected");
   CommState& s = *state_;
-  SWIFTQK_EXPECTS(static_cast<int>(handles.size()) == s.world,
-                  "IpcBootstrap::connect: got " + std::to_string(handles.size()) +
-                      " handles for a group of " + std::to_string(s.world));
+  const std::vector<HandleBlob> blobs =
+      parse_handles(handles, s.world, s.rank, s.config, "IpcBootstrap::connect");
   DeviceGuard guard(s.device);
   s.peers.assign(s.world, nullptr);
   for (int r = 0; r < s.world; ++r) {
-    const std::string who = "IpcBootstrap::connect: handle " + std::to_string(r);
-    SWIFTQK_EXPECTS(handles[r].size() == sizeof(HandleBlob), who + " has the wrong size");
-    HandleBlob b;
-    std::memcpy(&b, handles[r].data(), sizeof b);
-    SWIFTQK_EXPECTS(b.magic == kHandleMagic && b.version == kHandleVersion,
-                    who + " is not a SwiftQK handle of this version");
-    SWIFTQK_EXPECTS(b.rank == r, who + " belongs to rank " + std::to_string(b.rank) +
-                                     " (handles must be ordered by rank)");
-    SWIFTQK_EXPECTS(b.world == s.world, who + " is for a group of " + std::to_string(b.world) +
-                                            " ranks, this one has " + std::to_string(s.world));
-    SWIFTQK_EXPECTS(b.capacity == s.config.token_capacity,
-                    who + " has token_capacity " + std::to_string(b.capacity) + ", this rank " +
-                        std::to_string(s.config.token_capacity));
+    const HandleBlob& b = blobs[r];
     if (r == s.rank) {
       s.peers[r] = s.local_ws;
       continue;
@@ -597,6 +612,9 @@ Communicator Communicator::from_nccl(ncclComm_t nccl, const CommConfig& config,
   SWIFTQK_CUDA_TRY(cudaFree(d_buf));
   std::vector<std::vector<uint8_t>> handles(world);
   for (int r = 0; r < world; ++r) handles[r].assign(all.begin() + r * n, all.begin() + (r + 1) * n);
+  // Ranks that disagree on their configuration throw here, all of them, whether or not P2P
+  // follows: on the NCCL path they would issue mismatched all-reduces that never complete.
+  parse_handles(handles, world, rank, config, "from_nccl");
 
   // Every rank learns whether every rank could map its peers, then whether every write arrived:
   // the group takes the fused kernel only if all of them can.

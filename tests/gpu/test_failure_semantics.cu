@@ -294,6 +294,35 @@ struct IpcPair {
   }
 };
 
+// Ranks whose configurations disagree (here each field the handles carry) are refused at
+// connect, on both ranks, naming the field, before any peer is mapped; the same handles with
+// agreeing configurations then connect.
+TEST(FailureSemantics, RanksThatDisagreeOnTheirConfigurationAreRefusedAtConnect) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  const CommConfig base;
+  std::vector<std::pair<CommConfig, const char*>> cases;
+  CommConfig c = base;
+  c.token_capacity = 4096;
+  cases.push_back({c, "CommConfig.token_capacity"});
+  c = base;
+  c.chunk_oversize = false;
+  cases.push_back({c, "CommConfig.chunk_oversize"});
+  c = base;
+  c.timeout_s = 0.5;
+  cases.push_back({c, "CommConfig.timeout_s"});
+  c = base;
+  c.use_p2p = false;
+  cases.push_back({c, "CommConfig.use_p2p"});
+  for (const auto& [other, field] : cases) {
+    IpcBootstrap b0(0, 2, 0, base), b1(1, 2, 0, other);
+    const std::vector<std::vector<uint8_t>> h{b0.local_handle(), b1.local_handle()};
+    expect_error([&] { b0.connect(h); }, {"IpcBootstrap::connect: rank 1 has ", field});
+    expect_error([&] { b1.connect(h); }, {"IpcBootstrap::connect: rank 0 has ", field});
+  }
+  IpcPair agreeing(base);
+  EXPECT_EQ(agreeing.comms.size(), 2u);
+}
+
 // Teardown while a peer is late: rank 1's kernel still waits for rank 0 when rank 0 closes.
 // Rank 0's close waits at the barrier until rank 1 has finished (its wait times out) and closes
 // too; neither frees memory the other may still write.

@@ -189,6 +189,10 @@ void launch_impl(const std::vector<Communicator*>& comms,
                       " are beyond the kernel's index range");
   a.hd_magic = epilogue_div_magic(static_cast<uint32_t>(p0.head_dim));
   a.item_magic = epilogue_div_magic(static_cast<uint32_t>(iph));
+  const int64_t pairs = epilogue_pair_items(p0, vec), singles = iph - pairs;
+  a.pair_magic = epilogue_div_magic(static_cast<uint32_t>(std::max<int64_t>(1, pairs)));
+  a.single_magic = epilogue_div_magic(static_cast<uint32_t>(std::max<int64_t>(1, singles)));
+  a.single_shift = static_cast<int>((p0.num_q_heads + p0.num_kv_heads) * pairs % shape.threads);
   a.capacity = capacity;
   a.max_position = p0.rope.max_position;
   a.cache_slots = p0.cache.num_blocks * p0.cache.block_size;

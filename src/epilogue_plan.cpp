@@ -31,11 +31,15 @@ int epilogue_vector_elems(const QkEpilogueParams& p) {
   return ok ? vec : 1;
 }
 
-int epilogue_items_per_head(const QkEpilogueParams& p, int vec) {
-  const int64_t rot = p.rope.rotary_dim, half = rot / 2;
+int epilogue_pair_items(const QkEpilogueParams& p, int vec) {
+  const int64_t half = p.rope.rotary_dim / 2;
   const bool neox = p.rope.style == RopeStyle::kNeox;
-  const int64_t pairs = neox ? half / vec : (vec == 1 ? half : 0);
-  const int64_t single_from = pairs > 0 ? rot : 0;
+  return static_cast<int>(neox ? half / vec : (vec == 1 ? half : 0));
+}
+
+int epilogue_items_per_head(const QkEpilogueParams& p, int vec) {
+  const int64_t pairs = epilogue_pair_items(p, vec);
+  const int64_t single_from = pairs > 0 ? p.rope.rotary_dim : 0;
   return static_cast<int>(pairs + (p.head_dim - single_from) / vec);
 }
 

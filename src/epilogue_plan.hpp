@@ -51,6 +51,8 @@ int epilogue_cos_sin_copy_bytes(const QkEpilogueParams& p);
 /// @brief Work items per head of the kernel's rotation loop (qk_epilogue.cuh, phase C): NeoX
 /// pairs of vectors (and the element path's GPT-J pairs of elements), then single vectors.
 int epilogue_items_per_head(const QkEpilogueParams& p, int vec);
+/// @brief The first of them: the rotated pairs (the rest are single vectors).
+int epilogue_pair_items(const QkEpilogueParams& p, int vec);
 
 /// @brief ceil(2^32 / d) for 2 <= d, 0 for d = 1: the kernel's n / d is then the high half of
 /// n * magic, exact while n * d < 2^32 (the launch checks it).

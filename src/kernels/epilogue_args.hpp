@@ -33,16 +33,19 @@ struct EpilogueArgs {
   int stages;  // rows staged per block (2..kEpilogueMaxStages)
   int defer;   // with peers: tokens a collect lags its publish (stages - 2 at most)
   int q_heads, kv_heads, head_dim, rotary_dim;
-  int neox;             // RopeStyle::kNeox
-  int headwise;         // NormScope::kHeadwise
-  int weight_plus_one;  // headwise: weight 1 + w
-  int cs_f32;           // cos_sin_cache is fp32 (else the model dtype)
-  int cs_copy_bytes;    // unit in which a cos/sin row is staged: 16, 4 or 2 (plain copies)
-  uint32_t hd_magic;    // epilogue_div_magic(head_dim)
-  uint32_t item_magic;  // epilogue_div_magic(work items per head)
-  int64_t tokens;       // rows in this launch (one chunk)
-  int64_t first_token;  // of the chunk in the call: errors name tokens of the call
-  int64_t capacity;     // token slots per bank
+  int neox;               // RopeStyle::kNeox
+  int headwise;           // NormScope::kHeadwise
+  int weight_plus_one;    // headwise: weight 1 + w
+  int cs_f32;             // cos_sin_cache is fp32 (else the model dtype)
+  int cs_copy_bytes;      // unit in which a cos/sin row is staged: 16, 4 or 2 (plain copies)
+  uint32_t hd_magic;      // epilogue_div_magic(head_dim)
+  uint32_t item_magic;    // epilogue_div_magic(work items per head)
+  uint32_t pair_magic;    // epilogue_div_magic(rotated pair items per head, at least 1)
+  uint32_t single_magic;  // epilogue_div_magic(single-vector items per head, at least 1)
+  int single_shift;       // (heads x pair items) mod block threads: where the singles' loop starts
+  int64_t tokens;         // rows in this launch (one chunk)
+  int64_t first_token;    // of the chunk in the call: errors name tokens of the call
+  int64_t capacity;       // token slots per bank
   int64_t max_position;
   int64_t cache_slots;  // num_blocks * block_size
   int64_t block_size, block_stride, slot_stride, head_stride;

@@ -525,10 +525,11 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
       const int pair_items = neox ? half / VEC : (VEC == 1 ? half : 0);
       const int pd = neox ? half : 1;  // the second vector of a pair item
       const int single_from = pair_items > 0 ? rot : 0;
-      const int items_per_head = pair_items + (hd - single_from) / VEC;
-      const int items = (a.q_heads + a.kv_heads) * items_per_head;
-      for (int item = tid; item < items; item += G) {
-        const int hh = div_by(item, a.item_magic), j = item - hh * items_per_head;
+      const int single_items = (hd - single_from) / VEC;
+      const int heads = a.q_heads + a.kv_heads;
+      // Item j of head hh: a pair (j < pair_items) or a single vector.
+      auto process = [&](int hh, int j, auto pair_tag) {
+        constexpr bool kPair = decltype(pair_tag)::value;
         const bool is_q = hh < a.q_heads;
         const int h = is_q ? hh : hh - a.q_heads;
         const T* x_head = wrow + (is_q ? 0 : qw) + h * hd;
@@ -543,7 +544,7 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
             if (ko != nullptr) store_floats<T, VEC>(ko + h * hd + d, y, 1.f);
           }
         };
-        if (j < pair_items) {
+        if constexpr (kPair) {
           const int d0 = neox ? j * VEC : 2 * j;
           float u[VEC], v[VEC], c[VEC], sn[VEC];
           normalized<T, VEC, kOlmo2>(x_head + d0, w_head + d0, r, a.weight_plus_one, u);
@@ -558,7 +559,7 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
           store(d0, u);
           store(d0 + pd, v);
         } else {
-          const int d0 = single_from + (j - pair_items) * VEC;
+          const int d0 = single_from + j * VEC;
           float u[VEC];
           normalized<T, VEC, kOlmo2>(x_head + d0, w_head + d0, r, a.weight_plus_one, u);
           if constexpr (VEC > 1) {
@@ -579,6 +580,34 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
             for (int e = 0; e < VEC; ++e) u[e] *= r;
           }
           store(d0, u);
+        }
+      };
+      if constexpr (kAlone) {
+        // The pairs of every head, then the single vectors of every head: a warp's lanes take
+        // items of one kind, so they do not split between the rotated and the unrotated path
+        // (with partial rotary, one loop over each head's pairs and singles did). The second
+        // loop goes on from the thread after the first loop's last item.
+        for (int item = tid; item < heads * pair_items; item += G) {
+          const int hh = div_by(item, a.pair_magic);
+          process(hh, item - hh * pair_items, std::true_type{});
+        }
+        int item2 = tid - a.single_shift;
+        if (item2 < 0) item2 += G;
+        for (; item2 < heads * single_items; item2 += G) {
+          const int hh = div_by(item2, a.single_magic);
+          process(hh, item2 - hh * single_items, std::false_type{});
+        }
+      } else {
+        // With peers, one loop over each head's pairs and then singles: the split loops' extra
+        // state spilled at the 64-register cap.
+        const int items_per_head = pair_items + single_items;
+        for (int item = tid; item < heads * items_per_head; item += G) {
+          const int hh = div_by(item, a.item_magic), j = item - hh * items_per_head;
+          if (j < pair_items) {
+            process(hh, j, std::true_type{});
+          } else {
+            process(hh, j - pair_items, std::false_type{});
+          }
         }
       }
     }

@@ -172,11 +172,15 @@ TEST(EpiloguePlan, CosSinRowsStageInTheWidestUnitTheirAlignmentAllows) {
 TEST(EpiloguePlan, ItemsPerHead) {
   QkEpilogueParams p = aligned_params();
   EXPECT_EQ(epilogue_items_per_head(p, 8), 8);  // 8 NeoX pairs of vectors
+  EXPECT_EQ(epilogue_pair_items(p, 8), 8);
   p.rope.rotary_dim = 64;
   EXPECT_EQ(epilogue_items_per_head(p, 8), 4 + 8);  // 4 pairs, then 8 unrotated vectors
+  EXPECT_EQ(epilogue_pair_items(p, 8), 4);
   p.rope.style = RopeStyle::kGptj;
   EXPECT_EQ(epilogue_items_per_head(p, 8), 16);  // every vector rotates inside itself
+  EXPECT_EQ(epilogue_pair_items(p, 8), 0);
   EXPECT_EQ(epilogue_items_per_head(p, 1), 32 + 64);
+  EXPECT_EQ(epilogue_pair_items(p, 1), 32);  // the element path's GPT-J pairs
 }
 
 TEST(EpiloguePlan, DivisionByMultiplyIsExactInItsRange) {

@@ -246,10 +246,14 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
   const int S = a.stages;
   const bool headwise = a.headwise != 0, neox = a.neox != 0;
 
+  // With peers block 0 claims the rank and every block reads the fault word at once
+  // (claim_rank_at_entry): both round trips overlap the first rows' loads.
   unsigned long long claim_seen = 0;
+  uint64_t fault_seen = 0;
   if (!kAlone && tid == 0) {
     s_note.code = 0u;
     if (lblock == 0) claim_seen = atomicOr(claim_word(ra.state), claim_of(0u, grid_owner_id()));
+    fault_seen = load_volatile64(fault_word(ra.local_ws, a.world, a.capacity));
   }
   const int step = a.blocks_per_rank;
   const int first = lblock;
@@ -353,9 +357,13 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
   for (int s = 0; s < ahead; ++s) issue(s);
 
   int entry = kEntryRun;
+  // Bank 0's slots before the barrier; after it only the bank's offset is added.
+  const ExchangeLane xl0 =
+      kAlone ? ExchangeLane{} : exchange_lane<SlotLayout::kTokenMajor>(a, ra, 0, lane, peer_ws);
   if constexpr (!kAlone) {
     if (tid == 0) {
-      s_entry = claim_rank_at_entry(a, ra, lblock, claim_seen, &s_note, &s_call);
+      s_entry =
+          claim_rank_at_entry(a, ra, lblock, claim_seen, fault_seen != 0ull, &s_note, &s_call);
     }
   }
   __syncthreads();
@@ -367,8 +375,7 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
   const uint32_t tag = tag_for_call(call);
   const uint32_t ktag = tag ^ a.config_hash;
   const int bank = bank_for_call(call);
-  const ExchangeLane xl =
-      kAlone ? ExchangeLane{} : exchange_lane<SlotLayout::kTokenMajor>(a, ra, bank, lane, peer_ws);
+  const ExchangeLane xl = bank_lane(a, xl0, bank);
   const int token_words = slot_token_words<SlotLayout::kTokenMajor>(a);
 
   // The fp8 scales are read once, after griddepcontrol.wait (a graph may update them between

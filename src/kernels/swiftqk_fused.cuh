@@ -195,6 +195,18 @@ __device__ inline ExchangeLane exchange_lane(const Args& a, const RankArgs& ra, 
   return e;
 }
 
+/// Lane e of bank 0 moved to bank `bank` (the banks are slot_bank_bytes apart in both slot
+/// orders).
+template <class Args>
+__device__ __forceinline__ ExchangeLane bank_lane(const Args& a, ExchangeLane e, int bank) {
+  if (e.publish != nullptr && bank != 0) {
+    const std::size_t words = slot_bank_bytes(a.world, a.capacity) / sizeof(uint64_t);
+    e.publish += words;
+    e.watch += words;
+  }
+  return e;
+}
+
 /// Phase B, first half: push this rank's (q, k) partials of token t into every rank's slot (its
 /// own included). Lane j writes rank j's copy.
 __device__ __forceinline__ void publish_partials(const ExchangeLane& e, int token_words, int t,
@@ -411,24 +423,25 @@ enum BlockEntry : int {
   kEntryNotOwner = 2,  // another kernel of this communicator is running: poison, exit
 };
 
-/// Thread 0 of each block with peers, after the block's first copies are issued: reads the fault
-/// word, checks the rank's claim (block 0 made it at entry: claim_seen is what its atomicOr
-/// returned; the other blocks wait, bounded, to see it) and returns the block's BlockEntry, with
-/// the call number of the claim in *call. A failure is noted in *note.
+/// Thread 0 of each block with peers, after the block's first copies are issued: checks the
+/// rank's claim (block 0 made it at entry: claim_seen is what its atomicOr returned; the other
+/// blocks wait, bounded, to see it) and the fault word read at entry, and returns the block's
+/// BlockEntry, with the call number of the claim in *call. A failure is noted in *note.
 template <class Args>
 __device__ __forceinline__ int claim_rank_at_entry(const Args& a, const RankArgs& ra, int lblock,
-                                                   unsigned long long claim_seen, FailNote* note,
+                                                   unsigned long long claim_seen,
+                                                   bool failed_at_entry, FailNote* note,
                                                    uint32_t* call) {
-  // The fault word is read only now, after the weights' and rows' copies are issued: its value
-  // is needed at once, so read any earlier it would hold this warp's copies back.
-  const bool failed_at_entry = group_failed(ra, a.world, a.capacity);
   // One kernel at a time per communicator. Block 0 claimed the rank: it must have been free.
   // The other blocks take part only once they see the rank owned by this kernel exactly (they
   // wait, bounded, for block 0's claim to land); any other owner is a second kernel running at
   // once. So every block that exchanges does so while this kernel owns the rank, and the owner
   // releases it only after all its blocks have finished: two kernels' exchanges never overlap.
   // A second kernel's claim leaves its bits in the owner half, which the first one then never
-  // matches: the rank stays claimed, and every later kernel fails, until reset().
+  // matches: the rank stays claimed, and every later kernel fails, until reset(). (Every block
+  // claiming for itself needs no wait, but a block of a second kernel that starts after the
+  // owner's release would then find the rank free and take part although its block 0 failed:
+  // the CPU model's AcceptingAFreeOwnerLetsAStraddlingKernelRun.)
   const uint32_t id = grid_owner_id();
   bool foreign = false;
   if (lblock == 0) {
@@ -611,13 +624,17 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
   const int S = a.stages;
 
   // Alone, nothing is exchanged, so no call number is read or advanced (see the end). With peers,
-  // block 0 claims the rank for this kernel now, so the round trip overlaps the first rows'
-  // loads; the other blocks read the claim just before the barrier below, once block 0's has
-  // most likely landed.
+  // block 0 claims the rank for this kernel now and every block reads the fault word, so both
+  // round trips overlap the first rows' loads (their values are needed only at the barrier
+  // below; read after the copies are issued, the fault word held the barrier back by a round
+  // trip). The other blocks read the claim just before the barrier, once block 0's has most
+  // likely landed.
   unsigned long long claim_seen = 0;
+  uint64_t fault_seen = 0;
   if (!kAlone && threadIdx.x == 0) {
     s_note.code = 0u;
     if (lblock == 0) claim_seen = atomicOr(claim_word(ra.state), claim_of(0u, grid_owner_id()));
+    fault_seen = load_volatile64(fault_word(ra.local_ws, a.world, a.capacity));
   }
   const uint32_t lamport_call = kLamport && !kAlone ? load_volatile(&ra.state->lamport_call) : 0u;
   const int step = a.blocks_per_rank * a.tokens_per_block;
@@ -760,8 +777,12 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
     cp_async_commit();  // the oldest group: the wait below leaves only the rows' pending
   }
   for (int s = 0; s < ahead; ++s) issue(s);
+  // The exchange lane's slots in bank 0, before the barrier: after it only the bank's offset
+  // is added (bank_lane), so no 64-bit address arithmetic waits on the claim.
+  const ExchangeLane xl0 =
+      kAlone || kLamport ? ExchangeLane{} : exchange_lane<kSlotOrder>(a, ra, 0, sl, peer_ws);
   if (!kAlone && threadIdx.x == 0) {
-    s_entry = claim_rank_at_entry(a, ra, lblock, claim_seen, &s_note, &s_call);
+    s_entry = claim_rank_at_entry(a, ra, lblock, claim_seen, fault_seen != 0ull, &s_note, &s_call);
   }
   if constexpr (VPT > 0) cp_async_wait_pending(ahead);
   __syncthreads();  // the weights, s_abort and the claim before any group reads them
@@ -770,8 +791,7 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
   const uint32_t tag = tag_for_call(call);
   const uint32_t ktag = tag ^ a.config_hash;
   const int bank = bank_for_call(call);
-  const ExchangeLane xl =
-      kAlone || kLamport ? ExchangeLane{} : exchange_lane<kSlotOrder>(a, ra, bank, sl, peer_ws);
+  const ExchangeLane xl = bank_lane(a, xl0, bank);
   const OutVec* const my_weight = s_weight + gt;
 
   // The stage of the reduced token (cur), of the written one (wstage) and of the next load.

@@ -247,7 +247,8 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
   const bool headwise = a.headwise != 0, neox = a.neox != 0;
 
   // With peers block 0 claims the rank and every block reads the fault word at once
-  // (claim_rank_at_entry): both round trips overlap the first rows' loads.
+  // (claim_rank_at_entry): both round trips overlap the first rows' loads. The fault word stays a
+  // raw value until the barrier, as in the plain kernel.
   unsigned long long claim_seen = 0;
   uint64_t fault_seen = 0;
   if (!kAlone && tid == 0) {

@@ -630,6 +630,8 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
   // trip). The other blocks read the claim just before the barrier, once block 0's has most
   // likely landed.
   unsigned long long claim_seen = 0;
+  // The fault word's raw value, tested only at the barrier: read through group_failed (a bool),
+  // the comparison lands right after the load and thread 0 waits for it before issuing copies.
   uint64_t fault_seen = 0;
   if (!kAlone && threadIdx.x == 0) {
     s_note.code = 0u;

@@ -185,7 +185,6 @@ TEST(Epilogue, ChunkedBeyondTheWorkspaceCapacity) {
   expect_ranks_correct(h, 2, r);
 }
 
-// Graphs captured once per token count replay on fresh inputs each time.
 // Every output byte a call writes (q_out, or the rows of q in place; both caches; k_out).
 std::vector<uint8_t> output_bytes(const EpilogueRank& d) {
   std::vector<uint8_t> out;
@@ -272,6 +271,7 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
   EXPECT_GT(refused, 0);
 }
 
+// Graphs captured once per token count replay on fresh inputs each time.
 TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   const int world = 4;

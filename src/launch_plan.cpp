@@ -90,10 +90,13 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
     s.group_threads = 32;
     s.vectors_per_thread = n <= 32 ? 1 : (n <= 64 ? 2 : 4);
   } else {
-    // Four 16-byte vectors per thread; the group grows with the row, in whole warps, so few
-    // threads idle.
-    s.vectors_per_thread = 4;
-    s.group_threads = round_up_32(ceil_div(n, 4));
+    // Four vectors per thread; the group grows with the row, in whole warps, so few threads
+    // idle. fp8 rows alone (8 elements an 8-byte vector) take eight a thread where four would
+    // need groups of more than kFp8AloneMaxGroupAtFour threads: a thread then stages 64 bytes a
+    // token, as a 16-bit row's four 16-byte vectors do (docs/performance.md, "fp8 alone").
+    const bool fp8_alone = world == 1 && vec_elems == 8 && vec_bytes == 8;
+    s.vectors_per_thread = fp8_alone && ceil_div(n, 4) > kFp8AloneMaxGroupAtFour ? 8 : 4;
+    s.group_threads = round_up_32(ceil_div(n, s.vectors_per_thread));
   }
   s.tokens_per_block = groups_per_block(s, n, block_threads);
   return s;

@@ -155,6 +155,11 @@ DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, 
 /// every stage depth fits the 227 KB a block may use, weights included.
 constexpr int64_t kMaxStagedRingBytes = 200 * 1024;
 
+/// fp8 rows alone in 8-byte vectors take 8 vectors a thread where 4 would need a group wider than
+/// this (on one H200 at 4096-16384 tokens: OLMo3-32B's 768 vectors to OLMo2-13B's 1280 gain
+/// 1-10%, OLMoE's 512, 128 threads at 4, lose 3-8% at 8; docs/performance.md, "fp8 alone").
+constexpr int kFp8AloneMaxGroupAtFour = 128;
+
 /// Threads a block aims at: groups are added while the block stays within this many threads.
 /// 256 with peers; alone, 384 (on one H200 at 4096 tokens, 3 OLMoE or 2 OLMo3-32B groups per
 /// block are faster than 2 and 1; the other shapes keep one group either way; CHANGELOG.md,

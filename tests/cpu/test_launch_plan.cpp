@@ -144,6 +144,35 @@ TEST(ChooseKernelShape, EightByteVectorsOnEveryModelShapeAndTpDegree) {
       "vectors are of 16 or 8 bytes"));
 }
 
+// fp8 rows alone in 8-byte vectors take 8 a thread where 4 would need more than
+// kFp8AloneMaxGroupAtFour threads; 16-bit 8-byte rows, and fp8 with peers, keep 4.
+TEST(ChooseKernelShape, Fp8AloneTakesEightVectorsAThreadPastFourWarpsAtFour) {
+  // OLMoE: 512 vectors, 128 threads at 4: kept.
+  KernelShape s = choose_kernel_shape(2048, 2048, 8, kDefaultBlockThreadsAlone, 1, 0, 8);
+  EXPECT_EQ(s.vectors_per_thread, 4);
+  EXPECT_EQ(s.group_threads, 128);
+  // OLMo3-32B (768), MiniMax-M2 (896), OLMo2-13B (1280) and 3296:5312 (1076): 8 a thread.
+  const std::pair<int64_t, int64_t> wide[] = {
+      {5120, 1024}, {6144, 1024}, {5120, 5120}, {3296, 5312}};
+  for (const auto& [q, k] : wide) {
+    SCOPED_TRACE(std::to_string(q) + ":" + std::to_string(k));
+    const int64_t n = (q + k) / 8;
+    s = choose_kernel_shape(q, k, 8, kDefaultBlockThreadsAlone, 1, 0, 8);
+    EXPECT_EQ(s.vectors_per_thread, 8);
+    EXPECT_EQ(s.group_threads, (n + 8 * 32 - 1) / (8 * 32) * 32);
+    EXPECT_TRUE(ShapeIsValid(s, q, k, 8, 1, 8));
+    // With peers, in 16-bit 8-byte vectors, and when forced, the count stays the policy's.
+    EXPECT_EQ(choose_kernel_shape(q, k, 8, kDefaultBlockThreads, 2, 0, 8).vectors_per_thread, 4);
+    EXPECT_EQ(choose_kernel_shape(q, k, 4, kDefaultBlockThreadsAlone, 1, 0, 8).vectors_per_thread,
+              4);
+    EXPECT_EQ(choose_kernel_shape(q, k, 8, kDefaultBlockThreadsAlone, 1, 4, 8).vectors_per_thread,
+              4);
+  }
+  // The boundary: 516 vectors need 160 threads at 4.
+  EXPECT_EQ(
+      choose_kernel_shape(2048, 2080, 8, kDefaultBlockThreadsAlone, 1, 0, 8).vectors_per_thread, 8);
+}
+
 TEST(ChooseVectorBytes, TheWidestTheRowsAllowAndFp8AloneInEightBytes) {
   for (int world : {1, 2, 8}) {
     for (int size : {1, 2, 4}) {

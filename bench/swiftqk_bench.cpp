@@ -194,13 +194,17 @@ int run_single_process(const Sweep& sw, const std::vector<int>& tps) {
 // --fuzz-shapes: each random point at TP 1 and at its TP degree on the same problem, verified
 // then timed; then the worst points three ways: TP N against its own TP 1 (from 4096 tokens, and
 // in microseconds at 64 tokens or fewer) and TP 1 against the copy bandwidth (from 4096 tokens).
-int run_fuzz(const Sweep& sw, const std::vector<FuzzPoint>& points, uint64_t seed) {
+// Points before `first` are skipped (--fuzz-first), so a long fuzz runs in parts whose JSON
+// bench/fuzz_table.py merges.
+int run_fuzz(const Sweep& sw, const std::vector<FuzzPoint>& points, uint64_t seed, int first) {
   const Options& o = sw.options;
   cudaStream_t s;
   SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const double copy_bw = copy_gbps(o, s);
-  std::printf("device %s, copy bandwidth %.0f GB/s (read + write); %zu fuzz points, seed %llu\n",
-              device_name().c_str(), copy_bw, points.size(), static_cast<unsigned long long>(seed));
+  std::printf(
+      "device %s, copy bandwidth %.0f GB/s (read + write); fuzz points %d..%zu of seed %llu\n",
+      device_name().c_str(), copy_bw, first, points.size() - 1,
+      static_cast<unsigned long long>(seed));
   json all = json::array();
   int64_t total_wrong = 0;
   struct Pair {
@@ -209,7 +213,7 @@ int run_fuzz(const Sweep& sw, const std::vector<FuzzPoint>& points, uint64_t see
   };
   std::vector<Pair> pairs;
   print_header();
-  for (std::size_t i = 0; i < points.size(); ++i) {
+  for (std::size_t i = static_cast<std::size_t>(first); i < points.size(); ++i) {
     const FuzzPoint& f = points[i];
     const Model m{"fuzz-" + std::to_string(i), f.q_width, f.k_width, 1e-6f, f.order};
     Problem p = Problem::random(f.tokens, f.q_width, f.k_width, f.dtype, f.order, m.eps,
@@ -434,6 +438,11 @@ int main(int argc, char** argv) {
            ->check(CLI::Range(0, 100000)));
   last(app.add_option("--seed", fuzz_seed, "the shape fuzz's seed")->capture_default_str());
   app.add_flag("--fuzz-list", fuzz_list, "print the shape fuzz's points and exit");
+  int fuzz_first = 0;
+  last(app.add_option("--fuzz-first", fuzz_first,
+                      "run the shape fuzz from this point on (the earlier ones are drawn, not "
+                      "run), to split a long fuzz over several runs")
+           ->check(CLI::Range(0, 100000)));
   app.add_option("--models", models, "model shapes by name (comma separated)")
       ->delimiter(',')
       ->check(one_of("model", model_names, known_model));
@@ -571,6 +580,11 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError(
           "--rank", std::to_string(rank) + " is not below --world " + std::to_string(world));
     }
+    if (fuzz_first > 0 && fuzz_first >= fuzz_shapes) {
+      throw CLI::ValidationError("--fuzz-first", std::to_string(fuzz_first) +
+                                                     " is not below --fuzz-shapes " +
+                                                     std::to_string(fuzz_shapes));
+    }
     o.tuning.block_order = parse_block_order(block_order);
     if (o.tuning.stages != 0 && o.tuning.defer > o.tuning.stages - 1) {
       throw CLI::ValidationError("--defer", std::to_string(o.tuning.defer) +
@@ -610,7 +624,7 @@ int main(int argc, char** argv) {
     if (rank >= 0) return run_rank(sw, rank, world, rendezvous);
     if (procs > 1) return spawn_ranks(argc, argv, procs);
     if (soak > 0) return run_soak(sw, tps.at(0), soak);
-    if (!fuzz.empty()) return run_fuzz(sw, fuzz, fuzz_seed);
+    if (!fuzz.empty()) return run_fuzz(sw, fuzz, fuzz_seed, fuzz_first);
     return run_single_process(sw, tps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "swiftqk_bench: %s\n", e.what());

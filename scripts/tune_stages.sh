@@ -14,6 +14,8 @@
 # A shape may be listed more than once; its later runs are numbered (s3_d2, s3_d2_2, ...).
 #   e.g. bash scripts/tune_stages.sh 4096 1,2,4,8 d,2,3,d/128,d/512 /path/to/old/swiftqk_bench
 #        bash scripts/tune_stages.sh 4096 2,4,8 d,3+1,4+2,5+3,3+2,dx8,3+2x8
+# TUNE_ARGS adds benchmark flags to every run (the benchmark's defaults otherwise), e.g.
+#        TUNE_ARGS="--dtype fp8 --models olmoe,minimax-m2" bash scripts/tune_stages.sh 4096 1 d,3,dx8
 # JSON per run and the table go to $OUT (default ./results, which git ignores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,8 @@ OUT=${OUT:-$PWD/results}
 mkdir -p "$OUT"
 bench=build/bench/swiftqk_bench
 common=(--methods swiftqk --tokens "$tokens" --tp "$tps" --iters "${ITERS:-30}")
+read -ra extra <<<"${TUNE_ARGS:-}"
+common+=(${extra[@]+"${extra[@]}"})
 runs=()
 # The table of the runs finished so far, rewritten after every run: a sweep stopped part-way
 # still leaves the table of what finished.

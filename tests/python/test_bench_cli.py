@@ -187,3 +187,10 @@ def test_fuzz_points_follow_the_issue_ranges_and_the_seed():
 def test_fuzz_shapes_refuses_a_negative_count():
     r = _run("--fuzz-shapes", "-1")
     assert r.returncode != 0 and "--fuzz-shapes" in (r.stdout + r.stderr)
+
+
+def test_fuzz_first_must_be_below_the_point_count():
+    r = _run("--fuzz-shapes", "5", "--fuzz-first", "5")
+    assert r.returncode != 0
+    assert "--fuzz-first" in (r.stdout + r.stderr) and "5" in (r.stdout + r.stderr)
+    assert _run("--fuzz-shapes", "5", "--fuzz-first", "4", "--fuzz-list").returncode == 0

@@ -24,15 +24,16 @@ while [ $# -gt 0 ]; do
     --defer) d=$2 ;;
     --block-threads) b=$2 ;;
     --vpt) v=$2 ;;
+    --dtype) dt=$2 ;;
   esac
   shift
 done
 us=$(( s * 1000 + d * 100 + b / 32 ))
-echo "[{\"model\":\"m\",\"tp\":2,\"tokens\":4096,\"median_us\":$us.$v,\"wrong\":$wrong}]" >"$out"
+echo "[{\"model\":\"m${dt:+_$dt}\",\"tp\":2,\"tokens\":4096,\"median_us\":$us.$v,\"wrong\":$wrong}]" >"$out"
 """
 
 
-def run_tune(tmp_path, shapes, others=()):
+def run_tune(tmp_path, shapes, others=(), tune_args=None):
     (tmp_path / "scripts").mkdir()
     shutil.copy(os.path.join(REPO, "scripts", "tune_stages.sh"), tmp_path / "scripts")
     bench = tmp_path / "build" / "bench" / "swiftqk_bench"
@@ -41,6 +42,9 @@ def run_tune(tmp_path, shapes, others=()):
     bench.chmod(0o755)
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out))
+    env.pop("TUNE_ARGS", None)
+    if tune_args is not None:
+        env["TUNE_ARGS"] = tune_args
     for v in OLD_TUNING_VARIABLES:
         env.pop(v, None)
     args = ["bash", str(tmp_path / "scripts" / "tune_stages.sh"), "4096", "2", shapes]
@@ -73,3 +77,9 @@ def test_other_builds_in_folders_of_the_same_name_keep_both_runs(tmp_path):
                                                     "b/old/swiftqk_bench"))
     assert "wrong results per run: sd_first=0, old=0, old_2=0, s3_d2=0, sd_again=0" in text
     assert (out / "tune_old.json").exists() and (out / "tune_old_2.json").exists()
+
+
+def test_tune_args_reach_every_run(tmp_path):
+    text, _ = run_tune(tmp_path, "d,3", tune_args="--dtype fp8")
+    rows = [line for line in text.splitlines() if line.startswith("| m") and "model" not in line]
+    assert rows and all(line.startswith("| m_fp8 |") for line in rows), text

@@ -51,7 +51,8 @@ int64_t staged_row_bytes_limit(int world, int stages, int weight_bytes_per_row_b
 }
 
 KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems, int block_threads,
-                                int world, int forced_vpt, int vec_bytes, int64_t staged_limit) {
+                                int world, int forced_vpt, int vec_bytes, int64_t staged_limit,
+                                int64_t launch_tokens) {
   SWIFTQK_EXPECTS(vec_elems >= 1 && q_width % vec_elems == 0 && k_width % vec_elems == 0,
                   "choose_kernel_shape: widths must be multiples of the vector size");
   SWIFTQK_EXPECTS(block_threads >= 32 && block_threads <= 1024,
@@ -91,11 +92,15 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
     s.vectors_per_thread = n <= 32 ? 1 : (n <= 64 ? 2 : 4);
   } else {
     // Four vectors per thread; the group grows with the row, in whole warps, so few threads
-    // idle. fp8 rows alone (8 elements an 8-byte vector) take eight a thread where four would
-    // need groups of more than kFp8AloneMaxGroupAtFour threads: a thread then stages 64 bytes a
-    // token, as a 16-bit row's four 16-byte vectors do (docs/performance.md, "fp8 alone").
+    // idle. fp8 rows alone (8 elements an 8-byte vector) in launches of many tokens take eight a
+    // thread where four would need groups of more than kFp8AloneMaxGroupAtFour threads: a thread
+    // then stages 64 bytes a token, as a 16-bit row's four 16-byte vectors do. In launches of
+    // 1-16 tokens eight a thread measured 0.5-1.3 us slower (not located), hence the bound.
     const bool fp8_alone = world == 1 && vec_elems == 8 && vec_bytes == 8;
-    s.vectors_per_thread = fp8_alone && ceil_div(n, 4) > kFp8AloneMaxGroupAtFour ? 8 : 4;
+    s.vectors_per_thread = fp8_alone && launch_tokens >= kFp8EightVectorsMinTokens &&
+                                   ceil_div(n, 4) > kFp8AloneMaxGroupAtFour
+                               ? 8
+                               : 4;
     s.group_threads = round_up_32(ceil_div(n, s.vectors_per_thread));
   }
   s.tokens_per_block = groups_per_block(s, n, block_threads);
@@ -350,9 +355,9 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
     if (r.deterministic) return layout_of(depth, det.shape);
     const int64_t staged_limit = staged_row_bytes_limit(
         r.world, depth.stages, r.vec_elems > 1 ? r.out_elem_bytes * r.vec_elems / r.vec_bytes : 1);
-    Layout lay =
-        layout_of(depth, choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world,
-                                             t.vectors_per_thread, r.vec_bytes, staged_limit));
+    Layout lay = layout_of(
+        depth, choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world, t.vectors_per_thread,
+                                   r.vec_bytes, staged_limit, launch_tokens));
     const KernelShape packed =
         packed_kernel_shape(qw, kw, r.vec_elems, block_target, r.world, r.vec_bytes);
     if (t.vectors_per_thread == 0 && packed.vectors_per_thread > 0 &&

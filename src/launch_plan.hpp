@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 
 #include "protocol.hpp"
 #include "swiftqk/launch_tuning.hpp"
@@ -156,9 +157,12 @@ DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, 
 constexpr int64_t kMaxStagedRingBytes = 200 * 1024;
 
 /// fp8 rows alone in 8-byte vectors take 8 vectors a thread where 4 would need a group wider than
-/// this (on one H200 at 4096-16384 tokens: OLMo3-32B's 768 vectors to OLMo2-13B's 1280 gain
-/// 1-10%, OLMoE's 512, 128 threads at 4, lose 3-8% at 8; docs/performance.md, "fp8 alone").
+/// kFp8AloneMaxGroupAtFour, in launches of at least kFp8EightVectorsMinTokens tokens. On one
+/// H200 at 4096-16384 tokens OLMo3-32B's 768 vectors to OLMo2-13B's 1280 gain 1-10%, and
+/// OLMoE's 512 (128 threads at 4) lose 3-8% at 8; at 1-16 tokens 8 a thread took 0.5-1.3 us
+/// more (docs/performance.md, "fp8 alone: 8 vectors a thread").
 constexpr int kFp8AloneMaxGroupAtFour = 128;
+constexpr int64_t kFp8EightVectorsMinTokens = 4096;
 
 /// Threads a block aims at: groups are added while the block stays within this many threads.
 /// 256 with peers; alone, 384 (on one H200 at 4096 tokens, 3 OLMoE or 2 OLMo3-32B groups per
@@ -175,10 +179,12 @@ constexpr int kDefaultBlockThreadsAlone = 384;
 /// (LaunchTuning::vectors_per_thread); the group is then the fewest lanes that hold the row.
 /// @param vec_bytes bytes of a vector (16, or 8 where 16-byte vectors do not divide the rows).
 /// @param staged_limit the widest row in bytes that is staged (staged_row_bytes_limit).
+/// @param launch_tokens tokens of the launch the layout is for (the default: many).
 KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
                                 int block_threads = kDefaultBlockThreads, int world = 1,
                                 int forced_vpt = 0, int vec_bytes = 16,
-                                int64_t staged_limit = kMaxStagedRowBytes);
+                                int64_t staged_limit = kMaxStagedRowBytes,
+                                int64_t launch_tokens = std::numeric_limits<int64_t>::max());
 
 /// Rows of at most this many 16-byte vectors (1 KB of bf16: OLMoE at TP 8) may be packed two or
 /// more to a warp, 4 vectors a thread (packed_kernel_shape).

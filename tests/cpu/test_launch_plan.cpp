@@ -144,8 +144,9 @@ TEST(ChooseKernelShape, EightByteVectorsOnEveryModelShapeAndTpDegree) {
       "vectors are of 16 or 8 bytes"));
 }
 
-// fp8 rows alone in 8-byte vectors take 8 a thread where 4 would need more than
-// kFp8AloneMaxGroupAtFour threads; 16-bit 8-byte rows, and fp8 with peers, keep 4.
+// fp8 rows alone in 8-byte vectors, in launches of many tokens, take 8 a thread where 4 would
+// need more than kFp8AloneMaxGroupAtFour threads; 16-bit 8-byte rows, fp8 with peers and
+// launches of fewer tokens keep 4.
 TEST(ChooseKernelShape, Fp8AloneTakesEightVectorsAThreadPastFourWarpsAtFour) {
   // OLMoE: 512 vectors, 128 threads at 4: kept.
   KernelShape s = choose_kernel_shape(2048, 2048, 8, kDefaultBlockThreadsAlone, 1, 0, 8);
@@ -168,6 +169,15 @@ TEST(ChooseKernelShape, Fp8AloneTakesEightVectorsAThreadPastFourWarpsAtFour) {
     EXPECT_EQ(choose_kernel_shape(q, k, 8, kDefaultBlockThreadsAlone, 1, 4, 8).vectors_per_thread,
               4);
   }
+  // Launches of fewer than kFp8EightVectorsMinTokens tokens keep 4.
+  EXPECT_EQ(choose_kernel_shape(5120, 5120, 8, kDefaultBlockThreadsAlone, 1, 0, 8,
+                                kMaxStagedRowBytes, kFp8EightVectorsMinTokens - 1)
+                .vectors_per_thread,
+            4);
+  EXPECT_EQ(choose_kernel_shape(5120, 5120, 8, kDefaultBlockThreadsAlone, 1, 0, 8,
+                                kMaxStagedRowBytes, kFp8EightVectorsMinTokens)
+                .vectors_per_thread,
+            8);
   // The boundary: 516 vectors need 160 threads at 4.
   EXPECT_EQ(
       choose_kernel_shape(2048, 2080, 8, kDefaultBlockThreadsAlone, 1, 0, 8).vectors_per_thread, 8);

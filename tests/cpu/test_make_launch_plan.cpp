@@ -320,6 +320,34 @@ TEST(MakeLaunchPlan, EightByteVectorsStageTwiceAsManyVectorsInTheSameBytes) {
   testing::expect_error([&] { plan_of(r); }, {"16-byte vectors", "vector_bytes"});
 }
 
+TEST(MakeLaunchPlan, Fp8AloneTakesEightVectorsAThreadFromManyTokensOnWideRows) {
+  // fp8 in 8-byte vectors (8 elements), bf16 out: OLMo2-13B's 1280 vectors a row.
+  auto fp8 = [](const ModelShape& m, int world, int64_t tokens) {
+    LaunchRequest r = bf16_request(m, world, tokens);
+    r.vec_elems = 8;
+    r.vec_bytes = 8;
+    r.out_elem_bytes = 2;
+    return plan_of(r);
+  };
+  LaunchPlan p = fp8(kModels[2], 1, kFp8EightVectorsMinTokens);
+  EXPECT_EQ(p.shape.vectors_per_thread, 8);
+  EXPECT_EQ(p.shape.group_threads, 160);
+  // The plan is of the first chunk's tokens: a call of many chunks of capacity 16384 still
+  // takes it; fewer tokens a launch, TP 2 and OLMoE's rows (128 threads at 4) keep 4.
+  EXPECT_EQ(fp8(kModels[2], 1, 100000).shape.vectors_per_thread, 8);
+  EXPECT_EQ(fp8(kModels[2], 1, kFp8EightVectorsMinTokens - 1).shape.vectors_per_thread, 4);
+  EXPECT_EQ(fp8(kModels[2], 1, 64).shape.group_threads, 320);
+  EXPECT_EQ(fp8(kModels[2], 2, 16384).shape.vectors_per_thread, 4);
+  EXPECT_EQ(fp8(kModels[0], 1, 16384).shape.vectors_per_thread, 4);
+  // A forced count wins.
+  LaunchTuning t;
+  t.vectors_per_thread = 4;
+  LaunchRequest r = bf16_request(kModels[2], 1, 16384, t);
+  r.vec_bytes = 8;
+  r.out_elem_bytes = 2;
+  EXPECT_EQ(plan_of(r).shape.vectors_per_thread, 4);
+}
+
 TEST(MakeLaunchPlan, WideRowsAloneAreStagedAtTwoStagesAndStreamOtherwise) {
   // 16192 + 15296 bf16 elements: 3936 vectors, 61.5 KB a row. Alone at the tuned 2 stages the
   // two rows and the weights fit a block: staged in 992 threads, one block an SM.

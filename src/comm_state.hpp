@@ -11,6 +11,7 @@
 #include "kernels/launch_args.hpp"
 #include "retained_scratch.hpp"
 #include "swiftqk/communicator.hpp"
+#include "watchdog.hpp"
 
 namespace swiftqk::detail {
 
@@ -65,6 +66,17 @@ struct CommState {
   // NCCL: the all-reduce path without P2P (src/nccl_allreduce_fallback.cu) and the baselines.
   ncclComm_t nccl = nullptr;  // from from_nccl; not owned: it must outlive this communicator
   bool p2p = true;            // false: fused-kernel launches take the NCCL all-reduce path instead
+  // Without P2P (world > 1): the all-reduce path's own communicator, split from `nccl` as
+  // non-blocking and owned (src/nccl_exchange.hpp); nullptr once aborted, until reset() splits
+  // a new one. nccl_mu guards it between launches and the watchdog's abort.
+  ncclComm_t nccl_exchange = nullptr;
+  std::mutex nccl_mu;
+  int* h_nccl_abort = nullptr;         // pinned, mapped: 1 once the watchdog aborted an all-reduce
+  int* d_nccl_abort = nullptr;         // its device alias, read by the scale kernel (NaN when 1)
+  std::unique_ptr<Watchdog> watchdog;  // bounds the eager all-reduces of nccl_exchange
+  /// Splits nccl_exchange from `nccl` and allocates the abort flag and the watchdog (from_nccl
+  /// without P2P; reset() after an abort). Collective over `nccl`, bounded by timeout_s.
+  void open_nccl_exchange(const char* what);
   RetainedScratch allreduce_scratch;  // the all-reduce path's [tokens] (q, k) partial sums
   std::unique_ptr<BaselineState, BaselineStateDeleter> baselines;
 

@@ -15,6 +15,7 @@
 #include "config_stamp.hpp"
 #include "cuda_check.hpp"
 #include "kernels/exchange.cuh"
+#include "nccl_exchange.hpp"
 #include "protocol.hpp"
 
 namespace swiftqk {
@@ -73,6 +74,13 @@ void CommState::release() {
     m.erase(std::remove(m.begin(), m.end(), this), m.end());
   }
   local_group.reset();
+  watchdog.reset();  // its thread first: no expiry may run on what is freed below
+  if (nccl_exchange != nullptr) {
+    // After quiesce nothing of this rank is in flight on it; the abort frees it without
+    // waiting on a peer (a destroy would flush, and a missing peer would hold it).
+    ncclCommAbort(nccl_exchange);
+    nccl_exchange = nullptr;
+  }
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
@@ -93,6 +101,8 @@ void CommState::release() {
   free_host(h_probe_ok);
   free_host(h_owner);
   free_host(h_failure);
+  free_host(h_nccl_abort);
+  d_nccl_abort = nullptr;
   if (last_done) cudaEventDestroy(last_done);
   last_done = nullptr;
   allreduce_scratch.release();
@@ -235,6 +245,29 @@ void CommState::clear_exchange_state() {
   has_last = false;
 }
 
+void CommState::open_nccl_exchange(const char* what) {
+  DeviceGuard guard(device);
+  if (h_nccl_abort == nullptr) {
+    SWIFTQK_CUDA_TRY(
+        cudaHostAlloc(reinterpret_cast<void**>(&h_nccl_abort), sizeof(int), cudaHostAllocMapped));
+    SWIFTQK_CUDA_TRY(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_nccl_abort), h_nccl_abort, 0));
+  }
+  *h_nccl_abort = 0;
+  {
+    std::lock_guard<std::mutex> lock(nccl_mu);
+    if (nccl_exchange != nullptr) ncclCommAbort(nccl_exchange);
+    nccl_exchange = nullptr;
+  }
+  // A peer may first have to wait out its own last call (quiesce's bound) before it splits.
+  ncclComm_t comm = split_nonblocking(nccl, rank, 2.0 * config.timeout_s + 1.0, what);
+  {
+    std::lock_guard<std::mutex> lock(nccl_mu);
+    nccl_exchange = comm;
+  }
+  if (!watchdog) watchdog = std::make_unique<Watchdog>();
+}
+
 RankArgs CommState::rank_args() const {
   RankArgs r{};
   r.peers = d_peers;
@@ -355,7 +388,8 @@ DeviceFailure Communicator::failure() const {
 void Communicator::check_error() const {
   const DeviceFailure f = failure();
   if (f.code == 0) return;
-  SWIFTQK_FAIL((f.code >= 4 ? "SwiftQK epilogue found bad input: " : "SwiftQK exchange failed: ") +
+  SWIFTQK_FAIL((f.code == 4 || f.code == 5 ? "SwiftQK epilogue found bad input: "
+                                           : "SwiftQK exchange failed: ") +
                f.describe());
 }
 
@@ -377,6 +411,17 @@ void Communicator::reset() {
       SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
     }
     for (CommState* m : s.local_group->members) m->clear_exchange_state();
+    return;
+  }
+  if (!s.p2p && s.world > 1) {
+    // Without P2P no peer writes into this rank's memory: once this rank's last call has
+    // finished (an aborted all-reduce's kernel has ended), the record is cleared and every rank
+    // splits a new exchange communicator from the caller's (collective, bounded by timeout_s: a
+    // rank that does not reset makes it throw), whether or not its own was aborted, so that all
+    // ranks' communicators match.
+    s.quiesce();
+    s.clear_exchange_state();
+    s.open_nccl_exchange("reset");
     return;
   }
   // Quiesce, barrier, clear, barrier: after the first barrier no rank's kernel is running, so
@@ -651,6 +696,8 @@ Communicator Communicator::from_nccl(ncclComm_t nccl, const CommConfig& config,
   Communicator comm = opened ? std::move(*opened) : boot.without_peers();
   comm.state().nccl = nccl;
   comm.state().p2p = p2p;
+  // Every rank takes the fallback alike (all_agree), so every rank splits.
+  if (!p2p && world > 1) comm.state().open_nccl_exchange("from_nccl");
   if (!p2p) {
     std::fprintf(stderr,
                  "swiftqk: rank %d of %d: %s; the fused kernel cannot run on this group, so "

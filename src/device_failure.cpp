@@ -29,6 +29,14 @@ std::string DeviceFailure::describe() const {
       << "; nothing of that token was written (its Q output row is NaN)";
     return s.str();
   }
+  if (code == 6) {
+    s << "rank " << rank << ": the NCCL all-reduce of the partial sums of tokens from " << token
+      << " (this group has no P2P, so it exchanges through NCCL) did not finish within "
+         "CommConfig::timeout_s: a rank did not make the same call, or is late. The fallback's "
+         "NCCL communicator was aborted, and this call's outputs are NaN; every rank must call "
+         "reset(), which makes a new one";
+    return s.str();
+  }
   if (code == 1 && token < 0) {
     s << "rank " << rank
       << " timed out waiting for its own kernel's first block to claim the rank: the grid could "

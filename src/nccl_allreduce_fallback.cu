@@ -3,11 +3,15 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
 
 #include "comm_state.hpp"
 #include "cuda_check.hpp"
 #include "kernels/eager_kernels.cuh"
 #include "nccl_allreduce_fallback.hpp"
+#include "nccl_exchange.hpp"
 
 namespace swiftqk::detail {
 
@@ -54,8 +58,8 @@ void launch_partial_sums(DType in, const RankArgs& ra, int64_t tokens, int64_t q
 
 void launch_apply_scale(DType in, const RankArgs& ra, int64_t tokens, int64_t q_width,
                         int64_t k_width, bool vec, NormOrder order, const float2* stat,
-                        bool is_rstd, float q_inv_full, float k_inv_full, float eps,
-                        cudaStream_t s) {
+                        bool is_rstd, float q_inv_full, float k_inv_full, float eps, cudaStream_t s,
+                        const int* abort_flag) {
   const int grid = eager_grid(tokens);
   const bool olmo2 = order == NormOrder::kOlmo2;
   with_type(in, [&](auto tag) {
@@ -63,20 +67,96 @@ void launch_apply_scale(DType in, const RankArgs& ra, int64_t tokens, int64_t q_
     constexpr int kVec = 16 / sizeof(Tin);
     if (vec && olmo2) {
       apply_scale_kernel<Tin, kVec, true><<<grid, kEagerBlockThreads, 0, s>>>(
-          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps);
+          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag);
     } else if (vec) {
       apply_scale_kernel<Tin, kVec, false><<<grid, kEagerBlockThreads, 0, s>>>(
-          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps);
+          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag);
     } else if (olmo2) {
       apply_scale_kernel<Tin, 1, true><<<grid, kEagerBlockThreads, 0, s>>>(
-          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps);
+          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag);
     } else {
       apply_scale_kernel<Tin, 1, false><<<grid, kEagerBlockThreads, 0, s>>>(
-          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps);
+          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag);
     }
   });
   SWIFTQK_CUDA_TRY(cudaGetLastError());
 }
+
+namespace {
+
+// One chunk's all-reduce of the partial sums. On the fallback's own communicator (a group
+// without P2P) the enqueue is bounded by timeout_s, and an eager all-reduce is watched: past
+// timeout_s the watchdog records the failure, flags the scale kernel (NaN) and aborts the
+// communicator, which ends the all-reduce's kernel. A captured all-reduce has no host step at
+// replay, so nothing watches it (docs/design.md, "Failure semantics"). The MiniMax-eager
+// baseline runs on the caller's communicator, unwatched.
+void all_reduce_sums(CommState& st, float2* sums, int64_t tokens, int64_t first_token,
+                     bool capturing, cudaStream_t stream) {
+  if (st.h_nccl_abort == nullptr) {  // the caller's communicator (MiniMax eager)
+    SWIFTQK_NCCL_TRY(ncclAllReduce(sums, sums, 2 * tokens, ncclFloat, ncclSum, st.nccl, stream));
+    return;
+  }
+  const double timeout_s = st.config.timeout_s;
+  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(timeout_s));
+  // The bound counts from when the stream reaches the all-reduce (`begin`), so work queued ahead
+  // of it on the stream does not count against timeout_s.
+  cudaEvent_t begin = nullptr, end = nullptr;
+  if (!capturing) {
+    SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&begin, cudaEventDisableTiming));
+    SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&end, cudaEventDisableTiming));
+    SWIFTQK_CUDA_TRY(cudaEventRecord(begin, stream));
+  }
+  bool enqueued = false;
+  {
+    std::lock_guard<std::mutex> lock(st.nccl_mu);
+    // Aborted during this call (an earlier chunk's wait, or the watchdog): the abort flag is
+    // set, so the scale kernel writes NaN over this chunk too, and the call throws at its end.
+    if (st.nccl_exchange != nullptr) {
+      const ncclResult_t r =
+          ncclAllReduce(sums, sums, 2 * tokens, ncclFloat, ncclSum, st.nccl_exchange, stream);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        if (begin != nullptr) cudaEventDestroy(begin);
+        if (end != nullptr) cudaEventDestroy(end);
+        SWIFTQK_FAIL("launch: ncclAllReduce failed: " + std::string(ncclGetErrorString(r)));
+      }
+      try {
+        wait_nccl(st.nccl_exchange, std::chrono::steady_clock::now() + timeout, timeout_s,
+                  "launch: rank " + std::to_string(st.rank) +
+                      ": the NCCL all-reduce of tokens from " + std::to_string(first_token));
+        enqueued = true;
+      } catch (const Error&) {
+        // The enqueue itself never finished (a peer never connected): wait_nccl aborted the
+        // communicator. Recorded as the watchdog records it, so the outputs below are NaN.
+        record_nccl_timeout(st, first_token);
+      }
+    }
+  }
+  if (begin == nullptr) return;
+  if (!enqueued) {
+    cudaEventDestroy(begin);
+    cudaEventDestroy(end);
+    return;
+  }
+  SWIFTQK_CUDA_TRY(cudaEventRecord(end, stream));
+  CommState* s = &st;
+  st.watchdog->watch(
+      [begin, end] {
+        if (cudaEventQuery(end) == cudaErrorNotReady) return false;
+        cudaEventDestroy(begin);
+        cudaEventDestroy(end);
+        return true;
+      },
+      timeout,
+      [s, begin, end, first_token] {
+        abort_nccl_exchange(*s, first_token);
+        cudaEventDestroy(begin);  // released once the stream gets past them
+        cudaEventDestroy(end);
+      },
+      [begin] { return cudaEventQuery(begin) != cudaErrorNotReady; });
+}
+
+}  // namespace
 
 void launch_nccl_allreduce_fallback(Communicator& comm, const QkNormParams& p,
                                     cudaStream_t stream) {
@@ -86,6 +166,7 @@ void launch_nccl_allreduce_fallback(Communicator& comm, const QkNormParams& p,
                   "(one GPU per rank); this group of " +
                       std::to_string(st.world) + " has no NCCL");
   DeviceGuard guard(st.device);
+  const bool capturing = stream_capturing(stream);
   const int64_t cap = st.config.token_capacity;
   st.allreduce_scratch.reserve(std::min(cap, p.tokens) * sizeof(float2), stream,
                                "the NCCL all-reduce path (" + to_string(p.method) + ")");
@@ -97,11 +178,9 @@ void launch_nccl_allreduce_fallback(Communicator& comm, const QkNormParams& p,
     const int64_t tokens = std::min(cap, p.tokens - first);
     const RankArgs ra = rank_args_for(st, p, first);
     launch_partial_sums(p.in_dtype, ra, tokens, p.q.width, p.k.width, vec, sums, stream);
-    if (st.world > 1) {
-      SWIFTQK_NCCL_TRY(ncclAllReduce(sums, sums, 2 * tokens, ncclFloat, ncclSum, st.nccl, stream));
-    }
+    if (st.world > 1) all_reduce_sums(st, sums, tokens, first, capturing, stream);
     launch_apply_scale(p.in_dtype, ra, tokens, p.q.width, p.k.width, vec, p.order, sums, false,
-                       q_inv_full, k_inv_full, p.eps, stream);
+                       q_inv_full, k_inv_full, p.eps, stream, st.d_nccl_abort);
   }
   comm.check_error();
 }

@@ -25,10 +25,12 @@ void launch_partial_sums(DType in, const RankArgs& ra, int64_t tokens, int64_t q
 
 /// @brief Scales the rows and writes the outputs: with `is_rstd`, stat holds each row's (q, k)
 /// 1/rms; else the full rows' sums of squares, turned into 1/rms with q_inv_full, k_inv_full
-/// (1 / full width) and eps, with the fused kernel's rsqrtf.
+/// (1 / full width) and eps, with the fused kernel's rsqrtf. `abort_flag` (or nullptr): a
+/// host-mapped word; where it reads non-zero the kernel writes NaN instead (the all-reduce
+/// before it was aborted, so stat holds no sums).
 void launch_apply_scale(DType in, const RankArgs& ra, int64_t tokens, int64_t q_width,
                         int64_t k_width, bool vec, NormOrder order, const float2* stat,
-                        bool is_rstd, float q_inv_full, float k_inv_full, float eps,
-                        cudaStream_t s);
+                        bool is_rstd, float q_inv_full, float k_inv_full, float eps, cudaStream_t s,
+                        const int* abort_flag = nullptr);
 
 }  // namespace swiftqk::detail

@@ -49,19 +49,27 @@ __global__ void __launch_bounds__(256)
 }
 
 /// Writes rank-local outputs from per-token statistics: stat[t] is either the full (q, k) sums
-/// of squares (stat_is_rstd false) or the 1/rms itself (true).
+/// of squares (stat_is_rstd false) or the 1/rms itself (true). Where `abort_flag` (host-mapped,
+/// or nullptr) reads non-zero, the all-reduce that filled stat was aborted: every output is NaN.
 template <typename Tin, int VEC, bool kOlmo2>
 __global__ void __launch_bounds__(256)
     apply_scale_kernel(const RankArgs ra, int64_t T, int64_t q_width, int64_t k_width,
                        const float2* stat, bool stat_is_rstd, float q_inv_full, float k_inv_full,
-                       float eps) {
+                       float eps, const int* abort_flag) {
   using Tout = typename OutputOf<Tin>::type;
+  __shared__ int aborted;
+  if (threadIdx.x == 0) {
+    aborted = abort_flag != nullptr ? *reinterpret_cast<const volatile int*>(abort_flag) : 0;
+  }
+  __syncthreads();
   const int64_t nq = q_width / VEC, n = nq + k_width / VEC;
+  const float nan = __int_as_float(0x7fc00000);
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    const float2 st = stat[t];
-    // The fused kernel's scale (inv_rms), so both paths round it alike.
-    const float rq = stat_is_rstd ? st.x : inv_rms(st.x, q_inv_full, eps);
-    const float rk = stat_is_rstd ? st.y : inv_rms(st.y, k_inv_full, eps);
+    const float2 st = aborted ? make_float2(nan, nan) : stat[t];
+    // The fused kernel's scale (inv_rms), so both paths round it alike. A NaN statistic gives a
+    // NaN scale, hence NaN outputs (fp8 inputs: bf16 NaN out).
+    const float rq = aborted ? nan : (stat_is_rstd ? st.x : inv_rms(st.x, q_inv_full, eps));
+    const float rk = aborted ? nan : (stat_is_rstd ? st.y : inv_rms(st.y, k_inv_full, eps));
     const float2 rs = make_float2(rq * ra.q_in_scale, rk * ra.k_in_scale);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       write_output<Tin, Tout, VEC, kOlmo2>(ra, t, i, nq, load_vec(row_vec<Tin, VEC>(ra, t, i, nq)),

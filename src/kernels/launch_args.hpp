@@ -36,6 +36,9 @@ enum FailureCode : uint32_t {
   // since every rank holds the same positions and slots and finds the same):
   kFailBadPosition = 4,  // a position outside [0, max_position)
   kFailBadSlot = 5,      // a KV-cache slot outside [0, num_blocks * block_size), not -1
+  // Recorded by the host, not a kernel: the NCCL fallback's all-reduce of a chunk did not finish
+  // within timeout_s (the watchdog aborted the fallback's NCCL communicator).
+  kFailNcclTimeout = 6,
 };
 
 /// Device-resident per-rank counters. With peers every block reads `call` at entry and claims

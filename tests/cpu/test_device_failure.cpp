@@ -28,6 +28,19 @@ bool has(const std::string& s, const std::string& part) {
 
 TEST(DeviceFailure, NoFailure) { EXPECT_EQ(DeviceFailure{}.describe(), "no failure"); }
 
+TEST(DeviceFailure, AnNcclFallbackTimeoutNamesTheRankTheTokensAndTheWayOut) {
+  DeviceFailure f;
+  f.code = 6;
+  f.rank = 3;
+  f.token = 16384;
+  const std::string d = f.describe();
+  EXPECT_TRUE(has(d, "rank 3")) << d;
+  EXPECT_TRUE(has(d, "NCCL all-reduce of the partial sums of tokens from 16384")) << d;
+  EXPECT_TRUE(has(d, "timeout_s")) << d;
+  EXPECT_TRUE(has(d, "outputs are NaN")) << d;
+  EXPECT_TRUE(has(d, "reset()")) << d;
+}
+
 TEST(DeviceFailure, EveryTimeoutNamesTheRanksAndTheToken) {
   for (const auto& [expected, seen] :
        {std::pair{tag_for_call(7), 0u}, std::pair{tag_for_call(7), tag_for_call(7)},

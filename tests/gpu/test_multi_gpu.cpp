@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <numeric>
 #include <string>
@@ -269,6 +270,87 @@ TEST(MultiGpu, PeerWithOtherTokenCountIsAnError) {
   EXPECT_THROW(comms[1].synchronize(st.s[1]), Error);
   EXPECT_TRUE(census_rank(a, 2, 0, r0).all_nan());
   EXPECT_TRUE(census_rank(b, 2, 1, r1).all_nan());
+}
+
+// The NCCL fallback (no P2P) with a peer that skips a call: the eager all-reduce would wait
+// for it for ever; the watchdog aborts the fallback's own NCCL communicator after timeout_s, the
+// call's outputs are NaN, and the error names the rank and the tokens. reset() on every rank
+// splits a new communicator, and the next call is correct again.
+TEST(MultiGpu, NcclFallbackMissingPeerIsBoundedAndResetRecovers) {
+  REQUIRE_GPUS(2);
+  const int world = 2;
+  ncclUniqueId id;
+  SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
+  std::vector<std::string> errors(world);
+  std::vector<double> seconds(world, 0.0);
+  std::atomic<bool> rank0_failed{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      ncclComm_t nccl = nullptr;
+      cudaStream_t s = nullptr;
+      try {
+        SWIFTQK_CUDA_TRY(cudaSetDevice(r));
+        SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        SWIFTQK_NCCL_TRY(ncclCommInitRank(&nccl, world, id, r));
+        CommConfig cfg;
+        cfg.use_p2p = false;
+        cfg.timeout_s = 0.5;
+        Communicator comm = Communicator::from_nccl(nccl, cfg, s);
+        Problem p = Problem::random(300, 5120, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 41);
+        RankData d = make_rank(p, world, r, Layout::kFusedOutOfPlace);
+        auto call_is_correct = [&](const char* what) {
+          poison(d, s);
+          launch_qk_norm(comm, d.params, s);
+          comm.synchronize(s);
+          const Check c = check_rank(p, world, r, d);
+          if (c.wrong != 0) errors[r] += std::string(what) + ": " + c.first_error + "; ";
+        };
+        call_is_correct("first call");
+        if (r == 0) {  // a call rank 1 never makes
+          poison(d, s);
+          const auto start = std::chrono::steady_clock::now();
+          launch_qk_norm(comm, d.params, s);
+          std::string msg = "no error";
+          try {
+            comm.synchronize(s);
+          } catch (const Error& e) {
+            msg = e.what();
+          }
+          seconds[r] =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          for (const char* part : {"rank 0", "NCCL all-reduce", "tokens from 0", "reset()"}) {
+            if (msg.find(part) == std::string::npos) {
+              errors[r] += std::string("the error does not say '") + part + "': " + msg + "; ";
+            }
+          }
+          if (!census_rank(p, world, r, d).all_nan()) errors[r] += "outputs not all NaN; ";
+          // The next call raises before it enqueues anything.
+          try {
+            launch_qk_norm(comm, d.params, s);
+            errors[r] += "a call after the failure did not raise; ";
+          } catch (const Error&) {
+          }
+          rank0_failed = true;
+        } else {
+          const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while (!rank0_failed && std::chrono::steady_clock::now() < end) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }
+        comm.reset();  // collective: a new exchange communicator on every rank
+        call_is_correct("after reset");
+      } catch (const std::exception& e) {
+        errors[r] += e.what();
+      }
+      if (nccl != nullptr) ncclCommDestroy(nccl);
+      if (s != nullptr) cudaStreamDestroy(s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  EXPECT_GT(seconds[0], 0.4) << "the error came before the 0.5 s bound";
+  EXPECT_LT(seconds[0], 10.0) << "the 0.5 s bound took " << seconds[0] << " s to surface";
 }
 
 }  // namespace

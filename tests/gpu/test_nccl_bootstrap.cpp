@@ -5,7 +5,9 @@
 
 #include <string>
 
+#include "comm_state.hpp"
 #include "expect_error.hpp"
+#include "nccl_allreduce_fallback.hpp"
 #include "problem.hpp"
 
 namespace swiftqk::testing {
@@ -71,6 +73,46 @@ TEST_F(NcclGroupOfOne, WithoutP2PFusedMethodsUseTheNcclPath) {
     EXPECT_EQ(check_ranks(p, 1, {&d}).wrong, 0) << to_string(m) << " graph";
     SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ge));
   }
+}
+
+// The fallback's scale kernel reads the abort flag that the watchdog sets before it aborts an
+// all-reduce: at 0 it writes the normalised rows, at 1 NaN everywhere (never the stale or
+// poisoned bytes, never finite values from sums the aborted all-reduce left half-written).
+// White-box: a group of one has no all-reduce to abort, so the flag is set by hand.
+TEST_F(NcclGroupOfOne, TheFallbackScaleWritesNaNWhenItsAllReduceWasAborted) {
+  CommConfig cfg;
+  cfg.use_p2p = false;
+  Communicator comm = Communicator::from_nccl(nccl_, cfg, stream_);
+  const int64_t tokens = 50, qw = 2048, kw = 1024;
+  int* h_flag = nullptr;
+  int* d_flag = nullptr;
+  float2* sums = nullptr;
+  SWIFTQK_CUDA_TRY(
+      cudaHostAlloc(reinterpret_cast<void**>(&h_flag), sizeof(int), cudaHostAllocMapped));
+  SWIFTQK_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_flag), h_flag, 0));
+  SWIFTQK_CUDA_TRY(cudaMalloc(&sums, tokens * sizeof(float2)));
+  for (DType dt : {DType::kBF16, DType::kF8E4M3}) {
+    for (int flag : {0, 1, 0}) {
+      SCOPED_TRACE(to_string(dt) + ", abort flag " + std::to_string(flag));
+      Problem p = Problem::random(tokens, qw, kw, dt, NormOrder::kLlama, 1e-6f, 22 + flag);
+      RankData d = make_rank(p, 1, 0, Layout::kSeparate);
+      poison(d, stream_);
+      *h_flag = flag;
+      const detail::RankArgs ra = detail::rank_args_for(comm.state(), d.params, 0);
+      detail::launch_partial_sums(dt, ra, tokens, qw, kw, true, sums, stream_);
+      detail::launch_apply_scale(dt, ra, tokens, qw, kw, true, NormOrder::kLlama, sums, false,
+                                 1.f / qw, 1.f / kw, 1e-6f, stream_, d_flag);
+      SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream_));
+      if (flag == 0) {
+        const Check c = check_ranks(p, 1, {&d});
+        EXPECT_EQ(c.wrong, 0) << c.first_error;
+      } else {
+        EXPECT_TRUE(census_rank(p, 1, 0, d).all_nan());
+      }
+    }
+  }
+  SWIFTQK_CUDA_TRY(cudaFree(sums));
+  SWIFTQK_CUDA_TRY(cudaFreeHost(h_flag));
 }
 
 TEST_F(NcclGroupOfOne, BaselinesReplayFromGraphsAfterAnEagerWarmUp) {

@@ -1,0 +1,81 @@
+// The fallback's own NCCL communicator (nccl_exchange.hpp): split, bounded waits, abort.
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "comm_state.hpp"
+#include "nccl_exchange.hpp"
+#include "swiftqk/error.hpp"
+
+namespace swiftqk::detail {
+
+void wait_nccl(ncclComm_t& comm, std::chrono::steady_clock::time_point deadline, double timeout_s,
+               const std::string& what) {
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    SWIFTQK_EXPECTS(r == ncclSuccess,
+                    what + ": ncclCommGetAsyncError failed: " + ncclGetErrorString(r));
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      ncclCommAbort(comm);
+      comm = nullptr;
+      SWIFTQK_FAIL(what + ": NCCL reported " + ncclGetErrorString(state));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ncclCommAbort(comm);
+      comm = nullptr;
+      SWIFTQK_FAIL(what + ": NCCL did not finish within " + std::to_string(timeout_s) +
+                   " s (CommConfig::timeout_s): a rank did not make the same call, or is late");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+ncclComm_t split_nonblocking(ncclComm_t parent, int rank, double timeout_s,
+                             const std::string& what) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::duration<double>(timeout_s));
+  const ncclResult_t r = ncclCommSplit(parent, 0, rank, &comm, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    SWIFTQK_FAIL(what + ": ncclCommSplit failed: " + ncclGetErrorString(r));
+  }
+  SWIFTQK_EXPECTS(comm != nullptr, what + ": ncclCommSplit returned no communicator");
+  wait_nccl(comm, deadline, timeout_s, what + " (splitting the exchange's NCCL communicator)");
+  return comm;
+}
+
+void record_nccl_timeout(CommState& st, int64_t first_token) {
+  volatile FailureRecord* f = st.h_failure;
+  if (f != nullptr && f->code == kFailNone) {
+    f->rank = st.rank;
+    f->peer = -1;
+    f->token = first_token;
+    f->expected_tag = 0;
+    f->seen_tag = 0;
+    // The code last: a reader that sees it sees the rest (x86 keeps stores in order; the
+    // fence keeps the compiler from reordering them).
+    std::atomic_thread_fence(std::memory_order_release);
+    f->code = kFailNcclTimeout;
+  }
+  // Before any abort: the scale kernel behind the all-reduce starts only once the abort has
+  // ended the all-reduce's kernel, and then reads 1.
+  __atomic_store_n(st.h_nccl_abort, 1, __ATOMIC_SEQ_CST);
+}
+
+void abort_nccl_exchange(CommState& st, int64_t first_token) {
+  std::lock_guard<std::mutex> lock(st.nccl_mu);
+  record_nccl_timeout(st, first_token);
+  if (st.nccl_exchange != nullptr) {
+    ncclCommAbort(st.nccl_exchange);
+    st.nccl_exchange = nullptr;
+  }
+}
+
+}  // namespace swiftqk::detail

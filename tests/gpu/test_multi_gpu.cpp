@@ -155,10 +155,11 @@ TEST(MultiGpu, GraphReplaysOnEveryGpu) {
   for (auto e : exec) SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(e));
 }
 
-// One thread per GPU, as an engine with one worker per GPU would run: an NCCL group, the
-// communicator from it, and every method (the NCCL baselines too) checked against float64.
-void nccl_group_runs_every_method(bool use_p2p) {
-  const int world = gpu_count();
+// One thread per GPU over an NCCL group of `world`, as an engine with one worker per GPU would
+// run: rank r's thread sets GPU r, makes a stream and its NCCL rank, and runs body(r, nccl,
+// stream, errors); what it throws is added to its errors. Returns each rank's errors.
+template <typename Body>
+std::vector<std::string> on_nccl_ranks(int world, Body body) {
   ncclUniqueId id;
   SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
   std::vector<std::string> errors(world);
@@ -171,12 +172,30 @@ void nccl_group_runs_every_method(bool use_p2p) {
         SWIFTQK_CUDA_TRY(cudaSetDevice(r));
         SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         SWIFTQK_NCCL_TRY(ncclCommInitRank(&nccl, world, id, r));
+        body(r, nccl, s, errors[r]);
+      } catch (const std::exception& e) {
+        errors[r] += e.what();
+      }
+      if (nccl != nullptr) ncclCommDestroy(nccl);
+      if (s != nullptr) cudaStreamDestroy(s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// An NCCL group over every GPU, the communicator from it, and every method (the NCCL baselines
+// too) checked against float64.
+void nccl_group_runs_every_method(bool use_p2p) {
+  const int world = gpu_count();
+  const std::vector<std::string> errors =
+      on_nccl_ranks(world, [&](int r, ncclComm_t nccl, cudaStream_t s, std::string& err) {
         CommConfig cfg;
         cfg.use_p2p = use_p2p;
         Communicator comm = Communicator::from_nccl(nccl, cfg, s);
-        if (comm.rank() != r || comm.world_size() != world) errors[r] += "wrong rank/world; ";
-        if (comm.p2p() != use_p2p) errors[r] += "p2p() is not what was asked; ";
-        if (use_p2p && !comm.probe_peers(s)) errors[r] += "P2P write test failed; ";
+        if (comm.rank() != r || comm.world_size() != world) err += "wrong rank/world; ";
+        if (comm.p2p() != use_p2p) err += "p2p() is not what was asked; ";
+        if (use_p2p && !comm.probe_peers(s)) err += "P2P write test failed; ";
         for (Method m : {Method::kSwiftQK, Method::kMiniMaxFused, Method::kAllGather,
                          Method::kCommOverlap, Method::kMiniMaxEager}) {
           for (NormOrder o : {NormOrder::kOlmo2, NormOrder::kLlama}) {
@@ -189,20 +208,13 @@ void nccl_group_runs_every_method(bool use_p2p) {
               comm.synchronize(s);
               const Check c = check_rank(p, world, r, d);
               if (c.wrong != 0) {
-                errors[r] += to_string(m) + " " + to_string(o) + " tokens " +
-                             std::to_string(tokens) + ": " + c.first_error + "; ";
+                err += to_string(m) + " " + to_string(o) + " tokens " + std::to_string(tokens) +
+                       ": " + c.first_error + "; ";
               }
             }
           }
         }
-      } catch (const std::exception& e) {
-        errors[r] += e.what();
-      }
-      if (nccl != nullptr) ncclCommDestroy(nccl);
-      if (s != nullptr) cudaStreamDestroy(s);
-    });
-  }
-  for (auto& t : threads) t.join();
+      });
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << " p2p " << use_p2p;
 }
 
@@ -279,20 +291,10 @@ TEST(MultiGpu, PeerWithOtherTokenCountIsAnError) {
 TEST(MultiGpu, NcclFallbackMissingPeerIsBoundedAndResetRecovers) {
   REQUIRE_GPUS(2);
   const int world = 2;
-  ncclUniqueId id;
-  SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
-  std::vector<std::string> errors(world);
   std::vector<double> seconds(world, 0.0);
   std::atomic<bool> rank0_failed{false};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      ncclComm_t nccl = nullptr;
-      cudaStream_t s = nullptr;
-      try {
-        SWIFTQK_CUDA_TRY(cudaSetDevice(r));
-        SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        SWIFTQK_NCCL_TRY(ncclCommInitRank(&nccl, world, id, r));
+  const std::vector<std::string> errors =
+      on_nccl_ranks(world, [&](int r, ncclComm_t nccl, cudaStream_t s, std::string& err) {
         CommConfig cfg;
         cfg.use_p2p = false;
         cfg.timeout_s = 0.5;
@@ -304,7 +306,7 @@ TEST(MultiGpu, NcclFallbackMissingPeerIsBoundedAndResetRecovers) {
           launch_qk_norm(comm, d.params, s);
           comm.synchronize(s);
           const Check c = check_rank(p, world, r, d);
-          if (c.wrong != 0) errors[r] += std::string(what) + ": " + c.first_error + "; ";
+          if (c.wrong != 0) err += std::string(what) + ": " + c.first_error + "; ";
         };
         call_is_correct("first call");
         if (r == 0) {  // a call rank 1 never makes
@@ -321,14 +323,14 @@ TEST(MultiGpu, NcclFallbackMissingPeerIsBoundedAndResetRecovers) {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           for (const char* part : {"rank 0", "NCCL all-reduce", "tokens from 0", "reset()"}) {
             if (msg.find(part) == std::string::npos) {
-              errors[r] += std::string("the error does not say '") + part + "': " + msg + "; ";
+              err += std::string("the error does not say '") + part + "': " + msg + "; ";
             }
           }
-          if (!census_rank(p, world, r, d).all_nan()) errors[r] += "outputs not all NaN; ";
+          if (!census_rank(p, world, r, d).all_nan()) err += "outputs not all NaN; ";
           // The next call raises before it enqueues anything.
           try {
             launch_qk_norm(comm, d.params, s);
-            errors[r] += "a call after the failure did not raise; ";
+            err += "a call after the failure did not raise; ";
           } catch (const Error&) {
           }
           rank0_failed = true;
@@ -340,14 +342,7 @@ TEST(MultiGpu, NcclFallbackMissingPeerIsBoundedAndResetRecovers) {
         }
         comm.reset();  // collective: a new exchange communicator on every rank
         call_is_correct("after reset");
-      } catch (const std::exception& e) {
-        errors[r] += e.what();
-      }
-      if (nccl != nullptr) ncclCommDestroy(nccl);
-      if (s != nullptr) cudaStreamDestroy(s);
-    });
-  }
-  for (auto& t : threads) t.join();
+      });
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   EXPECT_GT(seconds[0], 0.4) << "the error came before the 0.5 s bound";
   EXPECT_LT(seconds[0], 10.0) << "the 0.5 s bound took " << seconds[0] << " s to surface";

@@ -37,6 +37,14 @@ std::string DeviceFailure::describe() const {
          "reset(), which makes a new one";
     return s.str();
   }
+  if (code == 7) {
+    s << "rank " << rank
+      << ": the ranks of this group made a call with different configurations (full widths, "
+         "TP degree, eps, norm order, input dtype or token count; this group has no P2P, so "
+         "it exchanges through NCCL, and its all-reduce carries a check of them). This call's "
+         "outputs are NaN; every rank must call reset()";
+    return s.str();
+  }
   if (code == 1 && token < 0) {
     s << "rank " << rank
       << " timed out waiting for its own kernel's first block to claim the rank: the grid could "

@@ -12,12 +12,16 @@
 #include "kernels/eager_kernels.cuh"
 #include "nccl_allreduce_fallback.hpp"
 #include "nccl_exchange.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::detail {
 
 namespace {
 
-constexpr int kEagerBlockThreads = 256;  // the eager kernels' __launch_bounds__
+constexpr int kEagerBlockThreads = 256;
+// The check floats' sums stay exact integers in fp32 (below 2^24) for the largest group.
+static_assert(kMaxWorld * 256 * 256 < (1 << 24),
+              "config check sums must stay exact in fp32");  // the eager kernels' __launch_bounds__
 
 // One block a row, for at most this many rows at once (the kernels stride over the rest).
 int eager_grid(int64_t tokens) { return static_cast<int>(std::min<int64_t>(tokens, 4096)); }
@@ -40,17 +44,18 @@ void with_type(DType t, F f) {
 }  // namespace
 
 void launch_partial_sums(DType in, const RankArgs& ra, int64_t tokens, int64_t q_width,
-                         int64_t k_width, bool vec, float2* sums, cudaStream_t s) {
+                         int64_t k_width, bool vec, float2* sums, cudaStream_t s, float* check,
+                         uint32_t hash) {
   const int grid = eager_grid(tokens);
   with_type(in, [&](auto tag) {
     using Tin = decltype(tag);
     constexpr int kVec = 16 / sizeof(Tin);
     if (vec) {
       partial_sums_kernel<Tin, kVec>
-          <<<grid, kEagerBlockThreads, 0, s>>>(ra, tokens, q_width, k_width, sums);
+          <<<grid, kEagerBlockThreads, 0, s>>>(ra, tokens, q_width, k_width, sums, check, hash);
     } else {
       partial_sums_kernel<Tin, 1>
-          <<<grid, kEagerBlockThreads, 0, s>>>(ra, tokens, q_width, k_width, sums);
+          <<<grid, kEagerBlockThreads, 0, s>>>(ra, tokens, q_width, k_width, sums, check, hash);
     }
   });
   SWIFTQK_CUDA_TRY(cudaGetLastError());
@@ -59,7 +64,7 @@ void launch_partial_sums(DType in, const RankArgs& ra, int64_t tokens, int64_t q
 void launch_apply_scale(DType in, const RankArgs& ra, int64_t tokens, int64_t q_width,
                         int64_t k_width, bool vec, NormOrder order, const float2* stat,
                         bool is_rstd, float q_inv_full, float k_inv_full, float eps, cudaStream_t s,
-                        const int* abort_flag) {
+                        const int* abort_flag, const float* check, uint32_t hash, int world) {
   const int grid = eager_grid(tokens);
   const bool olmo2 = order == NormOrder::kOlmo2;
   with_type(in, [&](auto tag) {
@@ -67,16 +72,20 @@ void launch_apply_scale(DType in, const RankArgs& ra, int64_t tokens, int64_t q_
     constexpr int kVec = 16 / sizeof(Tin);
     if (vec && olmo2) {
       apply_scale_kernel<Tin, kVec, true><<<grid, kEagerBlockThreads, 0, s>>>(
-          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag);
+          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag,
+          check, hash, world);
     } else if (vec) {
       apply_scale_kernel<Tin, kVec, false><<<grid, kEagerBlockThreads, 0, s>>>(
-          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag);
+          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag,
+          check, hash, world);
     } else if (olmo2) {
       apply_scale_kernel<Tin, 1, true><<<grid, kEagerBlockThreads, 0, s>>>(
-          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag);
+          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag,
+          check, hash, world);
     } else {
       apply_scale_kernel<Tin, 1, false><<<grid, kEagerBlockThreads, 0, s>>>(
-          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag);
+          ra, tokens, q_width, k_width, stat, is_rstd, q_inv_full, k_inv_full, eps, abort_flag,
+          check, hash, world);
     }
   });
   SWIFTQK_CUDA_TRY(cudaGetLastError());
@@ -90,10 +99,10 @@ namespace {
 // communicator, which ends the all-reduce's kernel. A captured all-reduce has no host step at
 // replay, so nothing watches it (docs/design.md, "Failure semantics"). The MiniMax-eager
 // baseline runs on the caller's communicator, unwatched.
-void all_reduce_sums(CommState& st, float2* sums, int64_t tokens, int64_t first_token,
+void all_reduce_sums(CommState& st, float2* sums, int64_t floats, int64_t first_token,
                      bool capturing, cudaStream_t stream) {
   if (st.h_nccl_abort == nullptr) {  // the caller's communicator (MiniMax eager)
-    SWIFTQK_NCCL_TRY(ncclAllReduce(sums, sums, 2 * tokens, ncclFloat, ncclSum, st.nccl, stream));
+    SWIFTQK_NCCL_TRY(ncclAllReduce(sums, sums, floats, ncclFloat, ncclSum, st.nccl, stream));
     return;
   }
   const double timeout_s = st.config.timeout_s;
@@ -114,7 +123,7 @@ void all_reduce_sums(CommState& st, float2* sums, int64_t tokens, int64_t first_
     // set, so the scale kernel writes NaN over this chunk too, and the call throws at its end.
     if (st.nccl_exchange != nullptr) {
       const ncclResult_t r =
-          ncclAllReduce(sums, sums, 2 * tokens, ncclFloat, ncclSum, st.nccl_exchange, stream);
+          ncclAllReduce(sums, sums, floats, ncclFloat, ncclSum, st.nccl_exchange, stream);
       if (r != ncclSuccess && r != ncclInProgress) {
         if (begin != nullptr) cudaEventDestroy(begin);
         if (end != nullptr) cudaEventDestroy(end);
@@ -168,7 +177,12 @@ void launch_nccl_allreduce_fallback(Communicator& comm, const QkNormParams& p,
   DeviceGuard guard(st.device);
   const bool capturing = stream_capturing(stream);
   const int64_t cap = st.config.token_capacity;
-  st.allreduce_scratch.reserve(std::min(cap, p.tokens) * sizeof(float2), stream,
+  // The fallback's own communicator (a group without P2P) checks every call: the check floats
+  // ride after the partial sums in the same all-reduce (config_check_value).
+  const bool checked = st.h_nccl_abort != nullptr;
+  static_assert(kConfigCheckFloats % 2 == 0, "the check floats fill whole float2s");
+  const int64_t check_pairs = checked ? kConfigCheckFloats / 2 : 0;
+  st.allreduce_scratch.reserve((std::min(cap, p.tokens) + check_pairs) * sizeof(float2), stream,
                                "the NCCL all-reduce path (" + to_string(p.method) + ")");
   float2* sums = static_cast<float2*>(st.allreduce_scratch.data());
   const bool vec = vector_bytes_for(p) == 16;
@@ -177,10 +191,20 @@ void launch_nccl_allreduce_fallback(Communicator& comm, const QkNormParams& p,
   for (int64_t first = 0; first < p.tokens; first += cap) {
     const int64_t tokens = std::min(cap, p.tokens - first);
     const RankArgs ra = rank_args_for(st, p, first);
-    launch_partial_sums(p.in_dtype, ra, tokens, p.q.width, p.k.width, vec, sums, stream);
-    if (st.world > 1) all_reduce_sums(st, sums, tokens, first, capturing, stream);
+    // What every rank must give alike for this chunk: full widths, world, eps, order, token
+    // count (config_hash, as the fused path's tags carry it) and the input dtype.
+    const uint32_t hash = config_hash(p.q_full_width, p.k_full_width, st.world, p.eps,
+                                      static_cast<int>(p.order), tokens) ^
+                          (static_cast<uint32_t>(p.in_dtype) * 0x9e3779b9u);
+    float* check = checked ? reinterpret_cast<float*>(sums + tokens) : nullptr;
+    launch_partial_sums(p.in_dtype, ra, tokens, p.q.width, p.k.width, vec, sums, stream, check,
+                        hash);
+    if (st.world > 1) {
+      all_reduce_sums(st, sums, 2 * (tokens + check_pairs), first, capturing, stream);
+    }
     launch_apply_scale(p.in_dtype, ra, tokens, p.q.width, p.k.width, vec, p.order, sums, false,
-                       q_inv_full, k_inv_full, p.eps, stream, st.d_nccl_abort);
+                       q_inv_full, k_inv_full, p.eps, stream, st.d_nccl_abort, check, hash,
+                       st.world);
   }
   comm.check_error();
 }

@@ -19,18 +19,23 @@ namespace swiftqk::detail {
 void launch_nccl_allreduce_fallback(Communicator& comm, const QkNormParams& p, cudaStream_t stream);
 
 /// @brief Writes each of `tokens` rows' (q, k) fp32 sums of squares of one rank's shards into
-/// sums[tokens]; `vec`: 16-byte accesses (vector_bytes_for).
+/// sums[tokens]; `vec`: 16-byte accesses (vector_bytes_for). With `check`, also the per-call
+/// check floats of `hash` there (config_check_value).
 void launch_partial_sums(DType in, const RankArgs& ra, int64_t tokens, int64_t q_width,
-                         int64_t k_width, bool vec, float2* sums, cudaStream_t s);
+                         int64_t k_width, bool vec, float2* sums, cudaStream_t s,
+                         float* check = nullptr, uint32_t hash = 0);
 
 /// @brief Scales the rows and writes the outputs: with `is_rstd`, stat holds each row's (q, k)
 /// 1/rms; else the full rows' sums of squares, turned into 1/rms with q_inv_full, k_inv_full
 /// (1 / full width) and eps, with the fused kernel's rsqrtf. `abort_flag` (or nullptr): a
 /// host-mapped word; where it reads non-zero the kernel writes NaN instead (the all-reduce
-/// before it was aborted, so stat holds no sums).
+/// before it was aborted, so stat holds no sums). `check` (or nullptr): the all-reduced check
+/// floats; unless they say all `world` ranks sent `hash`, the outputs are NaN and code 7 is
+/// recorded.
 void launch_apply_scale(DType in, const RankArgs& ra, int64_t tokens, int64_t q_width,
                         int64_t k_width, bool vec, NormOrder order, const float2* stat,
                         bool is_rstd, float q_inv_full, float k_inv_full, float eps, cudaStream_t s,
-                        const int* abort_flag = nullptr);
+                        const int* abort_flag = nullptr, const float* check = nullptr,
+                        uint32_t hash = 0, int world = 1);
 
 }  // namespace swiftqk::detail

@@ -153,6 +153,27 @@ static_assert(kScrubPeriod % 2 == 0 && kCallPeriod % kScrubPeriod == 0,
 uint32_t config_hash(int64_t q_full_width, int64_t k_full_width, int world, float eps, int order,
                      int64_t tokens);
 
+/// The NCCL fallback's check that every rank made the same call (src/nccl_allreduce_fallback.cu):
+/// each of the 4 bytes of the call's config_hash goes out as x = byte + 1 and x * x
+/// (kConfigCheckFloats floats after the partial sums), all-reduced with them. A rank finds
+/// sum(x) = N x and sum(x^2) = N x^2 for every byte of its own only if every rank's byte equals
+/// its own (the bytes' variance is then 0; the sums alone would take 1 and 3 for 2 and 2). The
+/// sums are integers below 2^24 for up to kMaxWorld ranks, so fp32 adds them exactly in any
+/// order. CPU-tested.
+constexpr int kConfigCheckFloats = 8;
+constexpr float config_check_value(uint32_t hash, int i) {
+  const float x = static_cast<float>(((hash >> (8 * (i / 2))) & 0xffu) + 1u);
+  return i % 2 == 0 ? x : x * x;
+}
+/// True if `summed` (the all-reduced check floats of a group of `world`) says every rank sent
+/// config_check_value(hash, i).
+constexpr bool config_check_agrees(uint32_t hash, int world, const float* summed) {
+  for (int i = 0; i < kConfigCheckFloats; ++i) {
+    if (summed[i] != static_cast<float>(world) * config_check_value(hash, i)) return false;
+  }
+  return true;
+}
+
 /// XORed into config_hash by ranks in the deterministic mode (bit 31 clear: the hash keeps it
 /// set), so a rank in the mode never lends its partials to one that is not.
 constexpr uint32_t kDeterministicHashSalt = 0x2c9e4a75u;

@@ -13,7 +13,8 @@ struct DeviceFailure {
   /// 3 a peer recorded a failure (peer names it); 4 an epilogue token's position was outside
   /// [0, max_position); 5 an epilogue token's KV-cache slot was outside [0, slots) and not -1;
   /// 6 the NCCL fallback's all-reduce from `token` on did not finish within timeout_s (recorded
-  /// by the host's watchdog)
+  /// by the host's watchdog); 7 the NCCL fallback's ranks made a call with different
+  /// configurations
   uint32_t code = 0;
   int32_t rank = -1;          ///< rank that recorded it
   int32_t peer = -1;          ///< code 1: rank whose partial never arrived; code 3: the failed peer

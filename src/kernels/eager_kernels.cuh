@@ -28,12 +28,17 @@ __device__ inline float2 block_sum2(float a, float b, float2* s) {
   return total;
 }
 
-/// partial[t] = (sum of q row t squared, sum of k row t squared), scaled by in_scale^2.
+/// partial[t] = (sum of q row t squared, sum of k row t squared), scaled by in_scale^2. With
+/// `check` (or nullptr), block 0 also writes the per-call check floats of `hash` there
+/// (config_check_value; the NCCL fallback puts them after the T partials).
 template <typename Tin, int VEC>
 __global__ void __launch_bounds__(256)
     partial_sums_kernel(const RankArgs ra, int64_t T, int64_t q_width, int64_t k_width,
-                        float2* partial) {
+                        float2* partial, float* check, uint32_t hash) {
   __shared__ float2 s[32];
+  if (check != nullptr && blockIdx.x == 0 && threadIdx.x < kConfigCheckFloats) {
+    check[threadIdx.x] = config_check_value(hash, static_cast<int>(threadIdx.x));
+  }
   const int64_t nq = q_width / VEC, n = nq + k_width / VEC;
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     float sq = 0.f, sk = 0.f;
@@ -48,18 +53,43 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+/// The NCCL fallback's record of a call whose ranks disagreed on their configuration (code 7):
+/// in device memory and in the host-mapped mirror the host reads, first failure wins.
+__device__ inline void record_config_mismatch(const RankArgs& ra) {
+  if (atomicCAS(&ra.failure->code, 0u, static_cast<uint32_t>(kFailConfigMismatch)) != 0u) return;
+  ra.failure->rank = ra.rank;
+  ra.failure->peer = -1;
+  ra.failure->token = 0;
+  volatile FailureRecord* h = ra.host_failure;
+  h->rank = ra.rank;
+  h->peer = -1;
+  h->token = 0;
+  h->expected_tag = 0u;
+  h->seen_tag = 0u;
+  __threadfence_system();  // details before the code the host polls
+  h->code = kFailConfigMismatch;
+  __threadfence_system();
+}
+
 /// Writes rank-local outputs from per-token statistics: stat[t] is either the full (q, k) sums
-/// of squares (stat_is_rstd false) or the 1/rms itself (true). Where `abort_flag` (host-mapped,
-/// or nullptr) reads non-zero, the all-reduce that filled stat was aborted: every output is NaN.
+/// of squares (stat_is_rstd false) or the 1/rms itself (true). Every output is NaN where
+/// `abort_flag` (host-mapped, or nullptr) reads non-zero (the all-reduce that filled stat was
+/// aborted), or where `check` (the all-reduced check floats, or nullptr) says the `world` ranks
+/// did not all send `hash` (then block 0 also records code 7).
 template <typename Tin, int VEC, bool kOlmo2>
 __global__ void __launch_bounds__(256)
     apply_scale_kernel(const RankArgs ra, int64_t T, int64_t q_width, int64_t k_width,
                        const float2* stat, bool stat_is_rstd, float q_inv_full, float k_inv_full,
-                       float eps, const int* abort_flag) {
+                       float eps, const int* abort_flag, const float* check, uint32_t hash,
+                       int world) {
   using Tout = typename OutputOf<Tin>::type;
   __shared__ int aborted;
   if (threadIdx.x == 0) {
     aborted = abort_flag != nullptr ? *reinterpret_cast<const volatile int*>(abort_flag) : 0;
+    if (!aborted && check != nullptr && !config_check_agrees(hash, world, check)) {
+      aborted = 1;
+      if (blockIdx.x == 0) record_config_mismatch(ra);
+    }
   }
   __syncthreads();
   const int64_t nq = q_width / VEC, n = nq + k_width / VEC;

@@ -39,6 +39,8 @@ enum FailureCode : uint32_t {
   // Recorded by the host, not a kernel: the NCCL fallback's all-reduce of a chunk did not finish
   // within timeout_s (the watchdog aborted the fallback's NCCL communicator).
   kFailNcclTimeout = 6,
+  // The NCCL fallback's per-call check: the ranks' configuration hashes of this call differ.
+  kFailConfigMismatch = 7,
 };
 
 /// Device-resident per-rank counters. With peers every block reads `call` at entry and claims

@@ -28,6 +28,18 @@ bool has(const std::string& s, const std::string& part) {
 
 TEST(DeviceFailure, NoFailure) { EXPECT_EQ(DeviceFailure{}.describe(), "no failure"); }
 
+TEST(DeviceFailure, AnNcclFallbackConfigurationMismatchNamesWhatMustAgree) {
+  DeviceFailure f;
+  f.code = 7;
+  f.rank = 1;
+  const std::string d = f.describe();
+  EXPECT_TRUE(has(d, "rank 1")) << d;
+  for (const char* what : {"full widths", "eps", "norm order", "input dtype", "token count",
+                           "outputs are NaN", "reset()"}) {
+    EXPECT_TRUE(has(d, what)) << what << ": " << d;
+  }
+}
+
 TEST(DeviceFailure, AnNcclFallbackTimeoutNamesTheRankTheTokensAndTheWayOut) {
   DeviceFailure f;
   f.code = 6;

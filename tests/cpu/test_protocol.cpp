@@ -150,6 +150,51 @@ TEST(SlotLayout, SourceMajorForRowsOfAtMost512ElementsAtTp8To16From256Tokens) {
 
 // ---------------------------------------------------------------- call tags and banks
 
+// The NCCL fallback's per-call check: summed over the ranks in any order, the check floats say
+// "all agree" on every rank when every rank's hash is the same, and on no rank when any byte of
+// any rank's differs; the squares catch what the sums alone would not.
+TEST(ConfigCheck, AgreesIffEveryRankSentTheSameHash) {
+  auto summed = [](const std::vector<uint32_t>& hashes, bool reversed) {
+    std::vector<float> s(kConfigCheckFloats, 0.f);
+    for (std::size_t k = 0; k < hashes.size(); ++k) {
+      const uint32_t h = hashes[reversed ? hashes.size() - 1 - k : k];
+      for (int i = 0; i < kConfigCheckFloats; ++i) s[i] += config_check_value(h, i);
+    }
+    return s;
+  };
+  const uint32_t base = config_hash(5120, 1024, 8, 1e-6f, 0, 4096);
+  for (int world : {2, 3, 8, 32}) {
+    for (bool reversed : {false, true}) {
+      std::vector<uint32_t> same(world, base);
+      EXPECT_TRUE(config_check_agrees(base, world, summed(same, reversed).data())) << world;
+      // One rank differs in one byte (each byte in turn, by one and by the most): no rank agrees.
+      for (int byte = 0; byte < 4; ++byte) {
+        for (uint32_t delta : {1u, 0x80u}) {
+          std::vector<uint32_t> h = same;
+          h[world - 1] = base ^ (delta << (8 * byte));
+          const std::vector<float> s = summed(h, reversed);
+          for (uint32_t own : {h[0], h[world - 1]}) {
+            EXPECT_FALSE(config_check_agrees(own, world, s.data()))
+                << "world " << world << " byte " << byte << " delta " << delta;
+          }
+        }
+      }
+    }
+  }
+  // Other widths, eps or token counts give other hashes (what the check compares).
+  EXPECT_NE(base, config_hash(5120, 1024, 8, 1e-5f, 0, 4096));
+  EXPECT_NE(base, config_hash(5120, 2048, 8, 1e-6f, 0, 4096));
+  EXPECT_NE(base, config_hash(5120, 1024, 8, 1e-6f, 0, 4095));
+  // x = 1 and 3 against an own 2 and 2: equal sums, the squares differ (1 + 9 against 2 x 4).
+  const uint32_t one = 0x00000000u, three = 0x00000002u, two = 0x00000001u;
+  std::vector<float> s = summed({one, three}, false);
+  EXPECT_EQ(s[0], 2.f * config_check_value(two, 0));  // sums alone would agree
+  EXPECT_FALSE(config_check_agrees(two, 2, s.data()));
+  // The largest sums (32 ranks, every byte 255) stay exact in fp32.
+  std::vector<uint32_t> top(32, 0xffffffffu);
+  EXPECT_TRUE(config_check_agrees(0xffffffffu, 32, summed(top, true).data()));
+}
+
 TEST(CallTags, NeverZeroAndWrapsAt2To30) {
   for (uint32_t c = 0; c < (1u << 16); ++c) ASSERT_NE(tag_for_call(c), 0u) << c;
   for (uint32_t c = 0x3fff0000u; c <= 0x3fffffffu; ++c) ASSERT_NE(tag_for_call(c), 0u) << c;

@@ -284,6 +284,16 @@ TEST(MultiGpu, PeerWithOtherTokenCountIsAnError) {
   EXPECT_TRUE(census_rank(b, 2, 1, r1).all_nan());
 }
 
+// What comm.synchronize(s) raises, or "no error".
+std::string synchronize_error(Communicator& comm, cudaStream_t s) {
+  try {
+    comm.synchronize(s);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 // The NCCL fallback (no P2P) with a peer that skips a call: the eager all-reduce would wait
 // for it for ever; the watchdog aborts the fallback's own NCCL communicator after timeout_s, the
 // call's outputs are NaN, and the error names the rank and the tokens. reset() on every rank
@@ -313,12 +323,7 @@ TEST(MultiGpu, NcclFallbackMissingPeerIsBoundedAndResetRecovers) {
           poison(d, s);
           const auto start = std::chrono::steady_clock::now();
           launch_qk_norm(comm, d.params, s);
-          std::string msg = "no error";
-          try {
-            comm.synchronize(s);
-          } catch (const Error& e) {
-            msg = e.what();
-          }
+          const std::string msg = synchronize_error(comm, s);
           seconds[r] =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           for (const char* part : {"rank 0", "NCCL all-reduce", "tokens from 0", "reset()"}) {
@@ -346,6 +351,38 @@ TEST(MultiGpu, NcclFallbackMissingPeerIsBoundedAndResetRecovers) {
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   EXPECT_GT(seconds[0], 0.4) << "the error came before the 0.5 s bound";
   EXPECT_LT(seconds[0], 10.0) << "the 0.5 s bound took " << seconds[0] << " s to surface";
+}
+
+// The NCCL fallback with ranks that make one call with different eps: the all-reduce carries
+// the per-call check, so both ranks raise code 7 with NaN outputs instead of normalising with a
+// peer's mismatched sums; after reset() a call that agrees is correct.
+TEST(MultiGpu, NcclFallbackRanksWithDifferentEpsAreCaught) {
+  REQUIRE_GPUS(2);
+  const int world = 2;
+  const std::vector<std::string> errors =
+      on_nccl_ranks(world, [&](int r, ncclComm_t nccl, cudaStream_t s, std::string& err) {
+        CommConfig cfg;
+        cfg.use_p2p = false;
+        Communicator comm = Communicator::from_nccl(nccl, cfg, s);
+        Problem p = Problem::random(200, 4096, 1024, DType::kBF16, NormOrder::kLlama, 1e-6f, 51);
+        RankData d = make_rank(p, world, r, Layout::kFusedOutOfPlace);
+        if (r == 1) d.params.eps = 1e-5f;  // rank 1 disagrees
+        poison(d, s);
+        launch_qk_norm(comm, d.params, s);
+        const std::string msg = synchronize_error(comm, s);
+        if (msg.find("different configurations") == std::string::npos) {
+          err += "the error does not name the mismatch: " + msg + "; ";
+        }
+        if (!census_rank(p, world, r, d).all_nan()) err += "outputs not all NaN; ";
+        comm.reset();
+        d.params.eps = p.eps;
+        poison(d, s);
+        launch_qk_norm(comm, d.params, s);
+        comm.synchronize(s);
+        const Check c = check_rank(p, world, r, d);
+        if (c.wrong != 0) err += "after reset: " + c.first_error + "; ";
+      });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
 }  // namespace

@@ -4,11 +4,13 @@
 #include <nccl.h>
 
 #include <string>
+#include <vector>
 
 #include "comm_state.hpp"
 #include "expect_error.hpp"
 #include "nccl_allreduce_fallback.hpp"
 #include "problem.hpp"
+#include "protocol.hpp"
 
 namespace swiftqk::testing {
 namespace {
@@ -113,6 +115,55 @@ TEST_F(NcclGroupOfOne, TheFallbackScaleWritesNaNWhenItsAllReduceWasAborted) {
   }
   SWIFTQK_CUDA_TRY(cudaFree(sums));
   SWIFTQK_CUDA_TRY(cudaFreeHost(h_flag));
+}
+
+// The fallback's per-call check, driven by hand on one GPU: the check floats are set to what an
+// all-reduce over two ranks would leave. Ranks that sent the same hash: correct outputs; a rank
+// that sent another (other eps, widths, order, dtype or token count): NaN everywhere, code 7,
+// and the next check_error raises naming it; reset() clears it.
+TEST_F(NcclGroupOfOne, TheFallbackScaleChecksThatEveryRankMadeTheSameCall) {
+  CommConfig cfg;
+  cfg.use_p2p = false;
+  Communicator comm = Communicator::from_nccl(nccl_, cfg, stream_);
+  const int64_t tokens = 40, qw = 2048, kw = 1024;
+  const uint32_t mine = config_hash(qw, kw, 2, 1e-6f, 0, tokens);
+  const uint32_t other = config_hash(qw, kw, 2, 1e-5f, 0, tokens);
+  float2* sums = nullptr;
+  SWIFTQK_CUDA_TRY(cudaMalloc(&sums, (tokens + kConfigCheckFloats / 2) * sizeof(float2)));
+  float* check = reinterpret_cast<float*>(sums + tokens);
+  for (bool agree : {true, false, true}) {
+    SCOPED_TRACE(agree ? "the ranks agree" : "a rank disagrees");
+    Problem p = Problem::random(tokens, qw, kw, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 31);
+    RankData d = make_rank(p, 1, 0, Layout::kSeparate);
+    poison(d, stream_);
+    const detail::RankArgs ra = detail::rank_args_for(comm.state(), d.params, 0);
+    detail::launch_partial_sums(DType::kBF16, ra, tokens, qw, kw, true, sums, stream_, check, mine);
+    std::vector<float> written(kConfigCheckFloats), reduced(kConfigCheckFloats);
+    SWIFTQK_CUDA_TRY(cudaMemcpyAsync(written.data(), check, sizeof(float) * kConfigCheckFloats,
+                                     cudaMemcpyDeviceToHost, stream_));
+    SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream_));
+    for (int i = 0; i < kConfigCheckFloats; ++i) {
+      EXPECT_EQ(written[i], config_check_value(mine, i)) << "check float " << i;
+      reduced[i] = written[i] + config_check_value(agree ? mine : other, i);
+    }
+    SWIFTQK_CUDA_TRY(cudaMemcpyAsync(check, reduced.data(), sizeof(float) * kConfigCheckFloats,
+                                     cudaMemcpyHostToDevice, stream_));
+    detail::launch_apply_scale(DType::kBF16, ra, tokens, qw, kw, true, NormOrder::kOlmo2, sums,
+                               false, 1.f / qw, 1.f / kw, 1e-6f, stream_, nullptr, check, mine, 2);
+    SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream_));
+    if (agree) {
+      const Check c = check_ranks(p, 1, {&d});
+      EXPECT_EQ(c.wrong, 0) << c.first_error;
+      EXPECT_EQ(comm.failure().code, 0u);
+    } else {
+      EXPECT_TRUE(census_rank(p, 1, 0, d).all_nan());
+      EXPECT_EQ(comm.failure().code, 7u);
+      expect_error([&] { comm.check_error(); }, "different configurations");
+      comm.reset();
+      EXPECT_EQ(comm.failure().code, 0u);
+    }
+  }
+  SWIFTQK_CUDA_TRY(cudaFree(sums));
 }
 
 TEST_F(NcclGroupOfOne, BaselinesReplayFromGraphsAfterAnEagerWarmUp) {

@@ -18,10 +18,9 @@ namespace swiftqk::detail {
 
 namespace {
 
-constexpr int kEagerBlockThreads = 256;
+constexpr int kEagerBlockThreads = 256;  // the eager kernels' __launch_bounds__
 // The check floats' sums stay exact integers in fp32 (below 2^24) for the largest group.
-static_assert(kMaxWorld * 256 * 256 < (1 << 24),
-              "config check sums must stay exact in fp32");  // the eager kernels' __launch_bounds__
+static_assert(kMaxWorld * 256 * 256 < (1 << 24), "config check sums must stay exact in fp32");
 
 // One block a row, for at most this many rows at once (the kernels stride over the rest).
 int eager_grid(int64_t tokens) { return static_cast<int>(std::min<int64_t>(tokens, 4096)); }

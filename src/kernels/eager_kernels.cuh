@@ -53,24 +53,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-/// The NCCL fallback's record of a call whose ranks disagreed on their configuration (code 7):
-/// in device memory and in the host-mapped mirror the host reads, first failure wins.
-__device__ inline void record_config_mismatch(const RankArgs& ra) {
-  if (atomicCAS(&ra.failure->code, 0u, static_cast<uint32_t>(kFailConfigMismatch)) != 0u) return;
-  ra.failure->rank = ra.rank;
-  ra.failure->peer = -1;
-  ra.failure->token = 0;
-  volatile FailureRecord* h = ra.host_failure;
-  h->rank = ra.rank;
-  h->peer = -1;
-  h->token = 0;
-  h->expected_tag = 0u;
-  h->seen_tag = 0u;
-  __threadfence_system();  // details before the code the host polls
-  h->code = kFailConfigMismatch;
-  __threadfence_system();
-}
-
 /// Writes rank-local outputs from per-token statistics: stat[t] is either the full (q, k) sums
 /// of squares (stat_is_rstd false) or the 1/rms itself (true). Every output is NaN where
 /// `abort_flag` (host-mapped, or nullptr) reads non-zero (the all-reduce that filled stat was
@@ -88,7 +70,7 @@ __global__ void __launch_bounds__(256)
     aborted = abort_flag != nullptr ? *reinterpret_cast<const volatile int*>(abort_flag) : 0;
     if (!aborted && check != nullptr && !config_check_agrees(hash, world, check)) {
       aborted = 1;
-      if (blockIdx.x == 0) record_config_mismatch(ra);
+      if (blockIdx.x == 0) record_local_failure(ra, kFailConfigMismatch, 0, 0, 0);
     }
   }
   __syncthreads();

@@ -101,6 +101,31 @@ __device__ inline void note_stop(FailNote* note, const RankArgs& ra, int world, 
   if (code != kFailPeer) mark_fault(ra.local_ws, world, capacity, ra.rank);
 }
 
+/// Records a failure that every rank finds for itself (first failure of the rank wins) in device
+/// memory and in the host-mapped mirror: bad data a token carried (the epilogue), or the NCCL
+/// fallback's configuration check. Unlike a failed wait it marks no fault word: every rank,
+/// holding the same positions, slots or check floats, finds and records the same.
+__device__ inline void record_local_failure(const RankArgs& ra, uint32_t code, int64_t token,
+                                            int64_t value, int64_t limit) {
+  if (atomicCAS(&ra.failure->code, 0u, code) != 0u) return;
+  ra.failure->rank = ra.rank;
+  ra.failure->peer = -1;
+  ra.failure->token = token;
+  ra.failure->value = value;
+  ra.failure->limit = limit;
+  volatile FailureRecord* h = ra.host_failure;
+  h->rank = ra.rank;
+  h->peer = -1;
+  h->token = token;
+  h->expected_tag = 0u;
+  h->seen_tag = 0u;
+  h->value = value;
+  h->limit = limit;
+  __threadfence_system();  // details before the code the host polls
+  h->code = code;
+  __threadfence_system();
+}
+
 /// Records the first failure of this rank in device memory and in the host-mapped mirror. A
 /// failure of this rank's own (a timeout, two kernels at once) is also marked in every rank's
 /// fault word, so that the peers stop at their next wait check or kernel entry, and report it.

@@ -91,30 +91,6 @@ __device__ __forceinline__ void store_floats(D* dst, const float (&y)[VEC], floa
   store_vec(reinterpret_cast<Vec<D, VEC>*>(dst), o);
 }
 
-/// Records bad data a token carried (first failure of the rank wins) in device memory and in the
-/// host-mapped mirror. Unlike a failed wait it marks no fault word: the group stays healthy, and
-/// every rank, holding the same positions and slots, finds and records the same.
-__device__ inline void record_bad_data(const RankArgs& ra, uint32_t code, int64_t token,
-                                       int64_t value, int64_t limit) {
-  if (atomicCAS(&ra.failure->code, 0u, code) != 0u) return;
-  ra.failure->rank = ra.rank;
-  ra.failure->peer = -1;
-  ra.failure->token = token;
-  ra.failure->value = value;
-  ra.failure->limit = limit;
-  volatile FailureRecord* h = ra.host_failure;
-  h->rank = ra.rank;
-  h->peer = -1;
-  h->token = token;
-  h->expected_tag = 0u;
-  h->seen_tag = 0u;
-  h->value = value;
-  h->limit = limit;
-  __threadfence_system();  // details before the code the host polls
-  h->code = code;
-  __threadfence_system();
-}
-
 /// Writes NaN over Q (and k_out) of token t: a token the kernel could not finish never leaves a
 /// plausible-looking output (in place, its input is lost).
 template <typename T, typename QOut>
@@ -519,8 +495,8 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
     // every GPT-J vector (its pairs inside it).
     if (bad_pos || bad_slot) {
       if (tid == 0) {
-        record_bad_data(ra, bad_pos ? kFailBadPosition : kFailBadSlot, a.first_token + tw,
-                        bad_pos ? pos : slot, bad_pos ? a.max_position : a.cache_slots);
+        record_local_failure(ra, bad_pos ? kFailBadPosition : kFailBadSlot, a.first_token + tw,
+                             bad_pos ? pos : slot, bad_pos ? a.max_position : a.cache_slots);
       }
       poison_token<T, QOut>(a, er, tw);
     } else {

@@ -223,9 +223,6 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
   const int world = s0.world;
   if (p0.tokens == 0) return;  // nothing to exchange; the call counter stays put on every rank
   // A group without working P2P (from_nccl) exchanges the fused methods' partials through NCCL.
-  SWIFTQK_EXPECTS(uses_nccl(p0.method) || s0.p2p || !p0.deterministic,
-                  "launch: deterministic mode needs P2P between the ranks; this group exchanges "
-                  "through NCCL (no P2P), whose reduction order is not the canonical one");
   if (uses_nccl(p0.method) || !s0.p2p) {
     SWIFTQK_EXPECTS(comms.size() == 1, "launch: method " + to_string(p0.method) +
                                            " runs one rank per launch (NCCL needs one GPU per "

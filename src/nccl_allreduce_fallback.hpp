@@ -1,5 +1,7 @@
 // The exchange of a group without P2P: each rank's fp32 partial sums of squares, one
-// ncclAllReduce, and the scale applied by a second kernel (kMiniMaxEager's scheme). Launches of
+// ncclAllReduce, and the scale applied by a second kernel (kMiniMaxEager's scheme). In the
+// deterministic mode the partials follow the canonical order and are all-gathered, then summed
+// in the fused kernel's rank tree, so the outputs are the fused path's bits. Launches of
 // the fused methods take it when from_nccl found no working P2P; the MiniMax-eager baseline runs
 // it as its method.
 #pragma once
@@ -24,6 +26,20 @@ void launch_nccl_allreduce_fallback(Communicator& comm, const QkNormParams& p, c
 void launch_partial_sums(DType in, const RankArgs& ra, int64_t tokens, int64_t q_width,
                          int64_t k_width, bool vec, float2* sums, cudaStream_t s,
                          float* check = nullptr, uint32_t hash = 0);
+
+/// @brief The deterministic mode's per-rank partials: partial[t] = this rank's (Q, K) subtrees
+/// of the canonical order over its `segments` (16 / world) segments of each tensor, the bits of
+/// the fused kernel's lower levels (docs/design.md, "Deterministic mode"). Rows of 16-byte
+/// vectors. With `check`, also the per-call check floats of `hash` there.
+void launch_canonical_partials(DType in, const RankArgs& ra, int64_t tokens, int64_t q_width,
+                               int64_t k_width, int segments, float2* partial, cudaStream_t s,
+                               float* check = nullptr, uint32_t hash = 0);
+
+/// @brief The canonical order's rank level: sums[t] = the pairwise tree, in rank order, of
+/// gathered[r * stride + t] over the `world` ranks (ncclAllGather's layout, `stride` float2s a
+/// rank). With `check`, the ranks' check floats (after each rank's `tokens` partials) summed.
+void launch_canonical_ranks(const float2* gathered, int world, int64_t tokens, int64_t stride,
+                            float2* sums, float* check, cudaStream_t s);
 
 /// @brief Scales the rows and writes the outputs: with `is_rstd`, stat holds each row's (q, k)
 /// 1/rms; else the full rows' sums of squares, turned into 1/rms with q_inv_full, k_inv_full

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/swiftqk_fused.cuh"
+#include "protocol.hpp"
 
 namespace swiftqk::detail {
 
@@ -91,6 +92,58 @@ __global__ void __launch_bounds__(256)
       ra.rstd_out[2 * t] = rq;
       ra.rstd_out[2 * t + 1] = rk;
     }
+  }
+}
+
+/// The pairwise tree of the deterministic mode over v[0..n) (n a power of two up to 16): xor
+/// butterfly levels at offsets 1, 2, 4, ..., each entry becoming v[j] + v[j ^ off], and v[0]
+/// at the end: what the fused kernel's group_sum and rank butterfly compute (docs/design.md,
+/// "Deterministic mode"; ref::canonical_sum_of_squares_ranks on the host).
+__device__ __forceinline__ float canonical_tree(float* v, int n) {
+  for (int off = 1; off < n; off <<= 1) {
+    float next[kCanonicalSegments];
+    for (int j = 0; j < n; ++j) next[j] = v[j] + v[j ^ off];
+    for (int j = 0; j < n; ++j) v[j] = next[j];
+  }
+  return v[0];
+}
+
+/// The deterministic mode's partial of one rank: for each token, partial[t] = (Q, K) sums of the
+/// rank's own `segments` canonical segments of each tensor, each segment reduced by a warp the
+/// canonical way (lane j: 16-byte vectors j, j + 32, ..., each vector's fused multiply-add chain
+/// added in order; the lanes meet in an xor butterfly at offsets 16 ... 1), times the input
+/// scale twice (a leaf), the leaves in the pairwise tree. Blocks of 2 x segments warps: warp w
+/// takes Q's segment w, then K's. The bits are those of the fused kernel's lower levels. With
+/// `check`, block 0 also writes the per-call check floats of `hash` there.
+template <typename Tin, int VEC>
+__global__ void __launch_bounds__(1024)
+    canonical_partials_kernel(const RankArgs ra, int64_t T, int64_t q_width, int64_t k_width,
+                              int segments, float2* partial, float* check, uint32_t hash) {
+  __shared__ float leaf[2][kCanonicalSegments];
+  if (check != nullptr && blockIdx.x == 0 && threadIdx.x < kConfigCheckFloats) {
+    check[threadIdx.x] = config_check_value(hash, static_cast<int>(threadIdx.x));
+  }
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const bool is_q = warp < segments;
+  const int seg = is_q ? warp : warp - segments;
+  const int64_t nq = q_width / VEC;
+  const int64_t seg_vectors = (is_q ? q_width : k_width) / VEC / segments;
+  const int64_t first = (is_q ? 0 : nq) + seg * seg_vectors;  // row_vec's index space
+  const float scale = is_q ? ra.q_in_scale : ra.k_in_scale;
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    float a = 0.f;
+    for (int64_t v = lane; v < seg_vectors; v += 32) {
+      a += vector_sum_sq<Tin, VEC>(load_vec(row_vec<Tin, VEC>(ra, t, first + v, nq)));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) a = a + __shfl_xor_sync(kFullMask, a, off);
+    if (lane == 0) leaf[is_q ? 0 : 1][seg] = a * scale * scale;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      partial[t] =
+          make_float2(canonical_tree(leaf[0], segments), canonical_tree(leaf[1], segments));
+    }
+    __syncthreads();  // leaf is refilled by the next token
   }
 }
 

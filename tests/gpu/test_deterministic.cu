@@ -3,13 +3,16 @@
 // sums as the host's emulation of the canonical order; what it cannot do is refused before
 // anything is written.
 #include <gtest/gtest.h>
+#include <nccl.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "comm_state.hpp"
 #include "expect_error.hpp"
 #include "launch_plan.hpp"
+#include "nccl_allreduce_fallback.hpp"
 #include "problem.hpp"
 #include "reference.hpp"
 
@@ -35,6 +38,8 @@ bool tp_allowed(const Problem& p, int world) {
     return false;
   }
 }
+
+Gathered gather_outputs(const Problem& p, int world, const std::vector<RankData>& ranks);
 
 // One call of p at TP `world` (virtual ranks, one group launch), checked against float64 first.
 Gathered run_at(const Problem& p, int world, bool det = true, int64_t capacity = 16384,
@@ -66,6 +71,11 @@ Gathered run_at(const Problem& p, int world, bool det = true, int64_t capacity =
   EXPECT_EQ(chk.wrong, 0) << "TP " << world << ": " << chk.first_error;
   EXPECT_TRUE(chk.rstd_identical) << "TP " << world;
 
+  return gather_outputs(p, world, ranks);
+}
+
+// The ranks' outputs of p at TP `world`, reassembled into full rows, and rank 0's 1/rms.
+Gathered gather_outputs(const Problem& p, int world, const std::vector<RankData>& ranks) {
   const std::size_t os = dtype_size(p.out());
   const int64_t T = p.tokens, qs = p.q_width / world, ks = p.k_width / world;
   Gathered g;
@@ -156,6 +166,89 @@ std::vector<Case> tp_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Deterministic, TpInvariant, ::testing::ValuesIn(tp_cases()),
                          [](const auto& info) { return name_of(info.param); });
+
+// The NCCL fallback (a group without P2P) in the deterministic mode at TP `world` on one GPU: a
+// group of one runs launch_qk_norm end to end (its partials and scale); for TP 2-16, where NCCL
+// would need a GPU per rank, each virtual rank's canonical partials go into the buffer where
+// ncclAllGather puts them, then each rank's rank tree and scale run as the fallback runs them.
+Gathered run_fallback_at(const Problem& p, int world) {
+  ncclUniqueId id;
+  SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
+  ncclComm_t nccl = nullptr;
+  SWIFTQK_NCCL_TRY(ncclCommInitRank(&nccl, 1, id, 0));
+  Gathered g;
+  {
+    CommConfig cfg;
+    cfg.use_p2p = false;
+    Communicator comm = Communicator::from_nccl(nccl, cfg, nullptr);
+    EXPECT_FALSE(comm.p2p());
+    std::vector<RankData> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(make_rank(p, world, r, Layout::kSeparate));
+      ranks.back().params.deterministic = true;
+      poison(ranks.back(), nullptr);
+    }
+    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    if (world == 1) {
+      launch_qk_norm(comm, ranks[0].params, nullptr);
+      comm.synchronize(nullptr);
+    } else {
+      // Each rank's block in the gather: its T partials, then its per-call check floats (the
+      // same hash on every rank, so the check passes and the outputs are the sums').
+      const int64_t T = p.tokens, stride = T + kConfigCheckFloats / 2;
+      const uint32_t hash = 0x5eed1234u;
+      float2 *gathered = nullptr, *sums = nullptr;
+      SWIFTQK_CUDA_TRY(cudaMalloc(&gathered, world * stride * sizeof(float2)));
+      SWIFTQK_CUDA_TRY(cudaMalloc(&sums, stride * sizeof(float2)));
+      float* check = reinterpret_cast<float*>(sums + T);
+      const int segments = kCanonicalSegments / world;
+      for (int r = 0; r < world; ++r) {
+        const QkNormParams& q = ranks[r].params;
+        float2* mine = gathered + r * stride;
+        detail::launch_canonical_partials(p.in, detail::rank_args_for(comm.state(), q, 0), T,
+                                          q.q.width, q.k.width, segments, mine, nullptr,
+                                          reinterpret_cast<float*>(mine + T), hash);
+      }
+      detail::launch_canonical_ranks(gathered, world, T, stride, sums, check, nullptr);
+      for (int r = 0; r < world; ++r) {
+        const QkNormParams& q = ranks[r].params;
+        detail::launch_apply_scale(
+            p.in, detail::rank_args_for(comm.state(), q, 0), T, q.q.width, q.k.width, true, p.order,
+            sums, false, 1.f / static_cast<float>(p.q_width), 1.f / static_cast<float>(p.k_width),
+            q.eps, nullptr, nullptr, check, hash, world);
+      }
+      SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+      SWIFTQK_CUDA_TRY(cudaFree(gathered));
+      SWIFTQK_CUDA_TRY(cudaFree(sums));
+    }
+    std::vector<RankData*> rp;
+    for (auto& d : ranks) rp.push_back(&d);
+    const Check chk = check_ranks(p, world, rp);
+    EXPECT_EQ(chk.wrong, 0) << "fallback TP " << world << ": " << chk.first_error;
+    g = gather_outputs(p, world, ranks);
+  }
+  ncclCommDestroy(nccl);
+  return g;
+}
+
+// Without P2P the deterministic mode gives the fused path's bits, at every TP degree: the
+// canonical partials, the rank tree over the gathered partials and the same scale.
+TEST(Deterministic, TheNcclFallbackWritesTheFusedPathsBits) {
+  REQUIRE_GPU();
+  int compared = 0;
+  for (const Case& c : tp_cases()) {
+    if (c.capacity != 16384 || c.tokens > 4096) continue;  // one chunk: the fallback's path
+    const Problem p = Problem::random(c.tokens, c.q_width, c.k_width, c.in, c.order, 1e-6f, 777);
+    const Gathered fused = run_at(p, 1);
+    for (int world : {1, 2, 4, 8, 16}) {
+      if (!tp_allowed(p, world)) continue;
+      EXPECT_EQ(first_difference(fused, run_fallback_at(p, world), dtype_size(p.out())), "")
+          << name_of(c) << ": the fallback at TP " << world << " differs from the fused TP 1";
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 40);
+}
 
 // Every launch shape the tuning may force (vectors per thread, and so the lanes a thread holds;
 // stage depth; block size) writes the bits of the tuned shape, at TP 1, 2 and 8.

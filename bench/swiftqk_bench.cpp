@@ -531,10 +531,10 @@ int main(int argc, char** argv) {
            ->check(tuning_value([](int64_t v) { return v == 1 || v == 2 || v == 4 || v == 8; },
                                 "1, 2, 4 or 8", "1,2,4,8")));
   last(app.add_option("--vector-bytes", o.tuning.vector_bytes,
-                      "the widest vector access a launch may take: 16, 8 or 1 (scalar)")
+                      "the widest vector access a launch may take: 16, 8, 4 or 1 (scalar)")
            ->group(tuning_group)
-           ->check(tuning_value([](int64_t v) { return v == 1 || v == 8 || v == 16; }, "16, 8 or 1",
-                                "16,8,1")));
+           ->check(tuning_value([](int64_t v) { return v == 1 || v == 4 || v == 8 || v == 16; },
+                                "16, 8, 4 or 1", "16,8,4,1")));
   last(app.add_option("--block-threads", o.tuning.block_threads, "threads a block aims at")
            ->group(tuning_group)
            ->check(tuning_range(32, 1024)));

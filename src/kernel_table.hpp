@@ -12,7 +12,7 @@ using KernelFn = void (*)(LaunchArgs);
 
 /// Everything that selects an instantiation of swiftqk_fused_kernel besides the dtype.
 struct KernelKey {
-  int vec_bytes = 16;  // 16- or 8-byte vectors; else (1) the scalar path, always streamed
+  int vec_bytes = 16;  // 16-, 8- or 4-byte vectors; else (1) the scalar path, always streamed
   int vpt = 0;         // vectors a thread stages (0: streamed)
   Method method = Method::kSwiftQK;
   NormOrder order = NormOrder::kOlmo2;

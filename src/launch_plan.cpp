@@ -58,8 +58,8 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
   SWIFTQK_EXPECTS(block_threads >= 32 && block_threads <= 1024,
                   "choose_kernel_shape: block_threads must be in [32, 1024]");
   SWIFTQK_EXPECTS(world >= 1, "choose_kernel_shape: world must be >= 1");
-  SWIFTQK_EXPECTS(vec_elems == 1 || vec_bytes == 16 || vec_bytes == 8,
-                  "choose_kernel_shape: vectors are of 16 or 8 bytes");
+  SWIFTQK_EXPECTS(vec_elems == 1 || vec_bytes == 16 || vec_bytes == 8 || vec_bytes == 4,
+                  "choose_kernel_shape: vectors are of 16, 8 or 4 bytes");
   SWIFTQK_EXPECTS(
       forced_vpt == 0 || forced_vpt == 1 || forced_vpt == 2 || forced_vpt == 4 || forced_vpt == 8,
       "choose_kernel_shape: forced vectors per thread must be 0, 1, 2, 4 or 8");
@@ -117,17 +117,20 @@ KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
   return choose_kernel_shape(q_width, k_width, vec_elems, block_threads, world, 4, vec_bytes);
 }
 
-int choose_vector_bytes(int in_size, int allowed, int world, bool has_eight, int forced) {
+int choose_vector_bytes(int in_size, int allowed, int world, bool has_narrow, int forced) {
   SWIFTQK_EXPECTS(in_size == 1 || in_size == 2 || in_size == 4,
                   "choose_vector_bytes: elements are of 1, 2 or 4 bytes");
-  SWIFTQK_EXPECTS(allowed == 16 || allowed == 8 || allowed == in_size,
-                  "choose_vector_bytes: rows allow 16, 8 or element-size accesses");
-  SWIFTQK_EXPECTS(forced == 0 || forced == 16 || forced == 8 || forced == 1,
-                  "choose_vector_bytes: a forced width is 16, 8 or 1");
+  SWIFTQK_EXPECTS(allowed == 16 || allowed == 8 || allowed == 4 || allowed == in_size,
+                  "choose_vector_bytes: rows allow 16, 8, 4 or element-size accesses");
+  SWIFTQK_EXPECTS(forced == 0 || forced == 16 || forced == 8 || forced == 4 || forced == 1,
+                  "choose_vector_bytes: a forced width is 16, 8, 4 or 1");
   SWIFTQK_EXPECTS(world >= 1, "choose_vector_bytes: world must be >= 1");
-  const int want = forced != 0 ? forced : (in_size == 1 && world == 1 && has_eight ? 8 : 16);
+  const int want = forced != 0 ? forced : (in_size == 1 && world == 1 && has_narrow ? 8 : 16);
   if (want >= 16 && allowed >= 16) return 16;
-  if (want >= 8 && allowed >= 8 && has_eight) return 8;
+  if (!has_narrow) return 1;
+  if (want >= 8 && allowed >= 8) return 8;
+  // A 4-byte vector holds two or more elements of 1- and 2-byte types only.
+  if (want >= 4 && allowed >= 4 && in_size <= 2) return 4;
   return 1;
 }
 

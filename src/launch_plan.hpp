@@ -18,7 +18,7 @@ namespace swiftqk {
 /// @brief How one token row (Q shard then K shard) of one rank is spread over threads.
 struct KernelShape {
   int vec_elems = 1;           ///< elements per vector access; 1 selects the scalar path
-  int vec_bytes = 16;          ///< bytes of a vector access (16 or 8; the scalar path ignores it)
+  int vec_bytes = 16;          ///< bytes of a vector access (16, 8 or 4; the scalar path ignores it)
   int vectors_per_thread = 1;  ///< staged vectors per thread (1, 2, 4, 8); 0 = streaming
   /// Threads normalising one token of one rank: whole warps, or (staged rows only) 8 or 16
   /// lanes, so that one warp normalises 4 or 2 tokens at once (kMinGroupThreads).
@@ -52,17 +52,20 @@ constexpr int64_t kMaxStagedSmemBytes = 220 * 1024;
 /// kMaxStagedSmemBytes, else kMaxStagedRowBytes.
 int64_t staged_row_bytes_limit(int world, int stages, int weight_bytes_per_row_byte);
 
-/// @brief The vector access of a launch, in bytes (16, 8, or 1: the scalar path), for inputs of
-/// in_size bytes an element whose rows allow vectors of up to `allowed` bytes (vector_bytes_for:
-/// 16, 8 or the element size) at TP `world`. has_eight: whether the call's kernels have 8-byte
-/// rows (SwiftQK in the default mode). forced: LaunchTuning::vector_bytes (0 = tuned); a width
-/// the rows or kernels do not allow gives the widest narrower one. Tuned: the widest, except fp8
+/// @brief The vector access of a launch, in bytes (16, 8, 4, or 1: the scalar path), for inputs
+/// of in_size bytes an element whose rows allow vectors of up to `allowed` bytes
+/// (vector_bytes_for: 16, 8, 4 for 1- and 2-byte types, or the element size) at TP `world`.
+/// has_narrow: whether the call's kernels have 8- and 4-byte rows (SwiftQK in the default mode).
+/// 4-byte vectors exist for 1- and 2-byte types (two or more elements), so that rows of widths
+/// like fp8's 412 (TP 8 of 3296) do not fall to the scalar path. forced:
+/// LaunchTuning::vector_bytes (0 = tuned); a width the rows or kernels do not allow gives the
+/// widest narrower one. Tuned: the widest, except fp8
 /// alone, which takes 8 bytes where it can: a 16-byte fp8 vector writes 32 bytes of bf16, two
 /// stores that each fill half of every sector they touch, and an 8-byte one writes one full
 /// 16-byte store. On one H200 at TP 1 the 8-byte rows were 19-29% faster at 4096 tokens and
 /// 1.1-1.5 us at 64 on three models; at virtual TP 8 they were 8-17% slower, where the longer
 /// rows take groups of several warps (CHANGELOG.md).
-int choose_vector_bytes(int in_size, int allowed, int world, bool has_eight, int forced = 0);
+int choose_vector_bytes(int in_size, int allowed, int world, bool has_narrow, int forced = 0);
 
 /// @brief The pipeline of a token group: rows staged and, with peers, the deferral depth D (the
 /// group writes token i - D while it reduces token i, so a peer up to D tokens behind costs no
@@ -177,7 +180,7 @@ constexpr int kDefaultBlockThreadsAlone = 384;
 /// @param world ranks of the group: with peers, short rows are packed several to a warp.
 /// @param forced_vpt 0, or vectors per thread (1, 2, 4 or 8) to force on staged rows
 /// (LaunchTuning::vectors_per_thread); the group is then the fewest lanes that hold the row.
-/// @param vec_bytes bytes of a vector (16, or 8 where 16-byte vectors do not divide the rows).
+/// @param vec_bytes bytes of a vector (16, or 8 or 4 where wider vectors do not divide the rows).
 /// @param staged_limit the widest row in bytes that is staged (staged_row_bytes_limit).
 /// @param launch_tokens tokens of the launch the layout is for (the default: many).
 KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
@@ -256,7 +259,7 @@ struct LaunchRequest {
   /// bytes when they allow that, else 1 (the scalar path, always streamed); capped by
   /// LaunchTuning::vector_bytes.
   int vec_elems = 1;
-  int vec_bytes = 16;          ///< bytes of that access (16 or 8; the scalar path ignores it)
+  int vec_bytes = 16;          ///< bytes of that access (16, 8 or 4; the scalar path ignores it)
   int out_elem_bytes = 2;      ///< bytes of an output (and weight) element
   int64_t token_capacity = 1;  ///< CommConfig::token_capacity: tokens one launch exchanges
   int sm_count = 1;            ///< SMs of the GPU

@@ -36,8 +36,8 @@ void LaunchTuning::validate() const {
                   field("block_threads", block_threads) + " is outside [32, 1024] (0 = tuned)");
   const int b = vector_bytes;
   SWIFTQK_EXPECTS(
-      b == 0 || b == 1 || b == 8 || b == 16,
-      field("vector_bytes", b) + " is not 16, 8 or 1 (the kernels' vector widths; 0 = tuned)");
+      b == 0 || b == 1 || b == 4 || b == 8 || b == 16,
+      field("vector_bytes", b) + " is not 16, 8, 4 or 1 (the kernels' vector widths; 0 = tuned)");
   const int o = static_cast<int>(block_order);
   SWIFTQK_EXPECTS(
       o >= static_cast<int>(BlockOrder::kTuned) && o <= static_cast<int>(BlockOrder::kInterleaved),

@@ -131,7 +131,8 @@ int vector_bytes_for(const QkNormParams& p) {
     return v.width % vec == 0 && v.in_stride % vec == 0 && v.out_stride % vec == 0 &&
            al(v.in, bytes) && al(v.out, out_align) && al(v.weight, out_align);
   };
-  for (std::size_t bytes : {std::size_t{16}, std::size_t{8}}) {
+  for (std::size_t bytes : {std::size_t{16}, std::size_t{8}, std::size_t{4}}) {
+    if (bytes / is < 2) break;  // a vector holds two elements or more
     if (ok(p.q, bytes) && ok(p.k, bytes)) return static_cast<int>(bytes);
   }
   return static_cast<int>(is);

@@ -32,7 +32,7 @@ struct LaunchTuning {
   /// (1..kMaxStages - 1 while stages is tuned, which then follows as defer + 2); 0 = tuned.
   /// A group of one rank defers nothing and ignores it.
   int defer = 0;
-  /// Vectors (16- or 8-byte, vector_bytes) each thread stages of a row: 1, 2, 4 or 8 (the
+  /// Vectors (16-, 8- or 4-byte, vector_bytes) each thread stages of a row: 1, 2, 4 or 8 (the
   /// kernel's instantiations); 0 = tuned. A row then takes the fewest lanes that hold it (at
   /// least 8, and one a rank), and short rows are not packed otherwise. Rows that stream (over
   /// 32 KB, or the scalar path) ignore it. In the deterministic mode, 2, 4 or 8: the fewest
@@ -44,8 +44,8 @@ struct LaunchTuning {
   int block_threads = 0;
   /// Ignored by a launch that serves one rank, which has one order.
   BlockOrder block_order = BlockOrder::kTuned;
-  /// The vector access a launch takes, in bytes: 16, 8, or 1 (the scalar path, one element at a
-  /// time); 0 = tuned (choose_vector_bytes). Where the rows' widths, strides or pointers do not
+  /// The vector access a launch takes, in bytes: 16, 8, 4 (1- and 2-byte types only), or 1 (the
+  /// scalar path, one element at a time); 0 = tuned (choose_vector_bytes). Where the rows' widths, strides or pointers do not
   /// allow the width asked, the launch takes the widest narrower one they allow. The
   /// deterministic mode needs 16 (its canonical order is defined on 16-byte vectors) and the
   /// MiniMax-fused method has 16 or the scalar path.

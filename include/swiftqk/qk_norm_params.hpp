@@ -58,8 +58,8 @@ struct QkNormParams {
 void validate_params(const QkNormParams& p, int world_size);
 
 /// @brief Bytes of vector each row can be moved in: 16 when every pointer, stride and width
-/// allows it, else 8 when those allow that, else the element size (the scalar path). Used by
-/// planning and tests.
+/// allows it, else 8 when those allow that, else (1- and 2-byte types) 4 when those allow that,
+/// else the element size (the scalar path). Used by planning and tests.
 int vector_bytes_for(const QkNormParams& p);
 
 }  // namespace swiftqk

@@ -80,11 +80,11 @@ KernelFn pick_method(const KernelKey& k) {
              : pick_block_order<Tin, VEC, VPT, false, kTM>(k);
 }
 
-// Rows of 8-byte vectors (widths or pointers that 16-byte ones do not divide) exist for the
-// SwiftQK exchange in the default mode: the deterministic mode's canonical order is defined on
-// 16-byte vectors, and the MiniMax-fused baseline keeps its 16-byte and scalar paths.
+// Rows of 8- and 4-byte vectors (widths or pointers that 16-byte ones do not divide) exist for
+// the SwiftQK exchange in the default mode: the deterministic mode's canonical order is defined
+// on 16-byte vectors, and the MiniMax-fused baseline keeps its 16-byte and scalar paths.
 template <typename Tin, int VEC, int VPT>
-KernelFn pick_method_half(const KernelKey& k) {
+KernelFn pick_method_narrow(const KernelKey& k) {
   if (k.deterministic || k.method != Method::kSwiftQK) return nullptr;
   constexpr SlotLayout kTM = SlotLayout::kTokenMajor;
   if (k.alone)
@@ -97,11 +97,11 @@ KernelFn pick_method_half(const KernelKey& k) {
 template <typename Tin, int kVecBytes>
 KernelFn pick_vpt(const KernelKey& k) {
   constexpr int kVec = kVecBytes / sizeof(Tin);
-  constexpr bool kHalf = kVecBytes == 8;
+  static_assert(kVec >= 2, "a vector holds two elements or more (one is the scalar path)");
   auto of = [&k](auto vpt) {
     constexpr int kVpt = decltype(vpt)::value;
-    if constexpr (kHalf) {
-      return pick_method_half<Tin, kVec, kVpt>(k);
+    if constexpr (kVecBytes < 16) {
+      return pick_method_narrow<Tin, kVec, kVpt>(k);
     } else {
       return pick_method<Tin, kVec, kVpt>(k);
     }
@@ -127,6 +127,13 @@ KernelFn pick_vec(const KernelKey& k) {
       return pick_vpt<Tin, 16>(k);
     case 8:
       return pick_vpt<Tin, 8>(k);
+    case 4:
+      // 4-byte vectors hold two or four elements of 16-bit or fp8 rows; f32 has none.
+      if constexpr (sizeof(Tin) <= 2) {
+        return pick_vpt<Tin, 4>(k);
+      } else {
+        return nullptr;
+      }
     default:
       return pick_method<Tin, 1, 0>(k);  // the scalar path always streams
   }

@@ -304,17 +304,21 @@ __device__ inline void scrub_own_slots(const Args& a, const RankArgs& ra, int ba
 __device__ __forceinline__ void cp_async16(uint32_t s, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
-/// The same for 8 bytes (rows of 8-byte vectors); .cg, which skips L1, takes 16 bytes only.
-__device__ __forceinline__ void cp_async8(uint32_t s, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+/// The same for 8 or 4 bytes (rows of 8- or 4-byte vectors); .cg, which skips L1, takes 16
+/// bytes only.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_narrow(uint32_t s, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(gmem), "n"(kBytes)
+               : "memory");
 }
 template <int kBytes>
 __device__ __forceinline__ void cp_async_vec(uint32_t s, const void* gmem) {
-  static_assert(kBytes == 16 || kBytes == 8, "rows are staged in 16- or 8-byte vectors");
+  static_assert(kBytes == 16 || kBytes == 8 || kBytes == 4,
+                "rows are staged in 16-, 8- or 4-byte vectors");
   if constexpr (kBytes == 16) {
     cp_async16(s, gmem);
   } else {
-    cp_async8(s, gmem);
+    cp_async_narrow<kBytes>(s, gmem);
   }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
@@ -328,7 +332,7 @@ __device__ __forceinline__ void cp_async_wait() {
 /// host picks the depth (launch_plan.hpp, kMinStages..kMaxStages): deeper hides more latency,
 /// shallower lets more blocks share an SM.
 
-/// The stage ring's bytes: `stages` rows of input vectors of vec_bytes (16 or 8) for each of the
+/// The stage ring's bytes: `stages` rows of input vectors of vec_bytes (16, 8 or 4) for each of the
 /// block's token groups, rounded up to 16 bytes so that the weights after it stay 16-byte aligned.
 constexpr std::size_t staged_ring_bytes(int64_t vectors_per_row, int tokens_per_block, int stages,
                                         int vec_bytes) {
@@ -576,8 +580,8 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
   using InVec = Vec<Tin, VEC>;
   using OutVec = Vec<Tout, VEC>;
   constexpr int kVecBytes = static_cast<int>(sizeof(InVec));
-  static_assert(VPT == 0 || kVecBytes == 16 || kVecBytes == 8,
-                "staging moves 16- or 8-byte vectors");
+  static_assert(VPT == 0 || kVecBytes == 16 || kVecBytes == 8 || kVecBytes == 4,
+                "staging moves 16-, 8- or 4-byte vectors");
   // Dynamic shared memory: [stages][tokens_per_block][n] input vectors, then the weights.
   extern __shared__ uint4 s_stage[];
   // Per warp (q, k) partial sums, double-buffered by iteration parity: a warp writing the next
@@ -763,10 +767,11 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
   OutVec* s_weight = reinterpret_cast<OutVec*>(
       reinterpret_cast<uint8_t*>(s_stage) + staged_ring_bytes(n, a.tokens_per_block, S, kVecBytes));
   if constexpr (VPT > 0) {
-    // In 16-byte units, or 8-byte ones for 8-byte weight vectors (16-bit rows of 8-byte vectors).
+    // In 16-byte units, or in weight vectors narrower than that (16-bit rows of 8- or 4-byte
+    // vectors, fp8 rows of 4-byte ones).
     constexpr int kUnit = sizeof(OutVec) >= 16 ? 16 : static_cast<int>(sizeof(OutVec));
-    static_assert(sizeof(OutVec) % kUnit == 0 && (kUnit == 16 || kUnit == 8),
-                  "weights are copied in 16- or 8-byte units");
+    static_assert(sizeof(OutVec) % kUnit == 0 && (kUnit == 16 || kUnit == 8 || kUnit == 4),
+                  "weights are copied in 16-, 8- or 4-byte units");
     using Unit = Word<kUnit>;
     constexpr int kUnits = static_cast<int>(sizeof(OutVec) / kUnit);
     const uint32_t w_s = static_cast<uint32_t>(__cvta_generic_to_shared(s_weight));

@@ -42,8 +42,9 @@ const std::vector<int> kVec = {8, 4, 16, 1};
   };
   if (s.vec_elems != vec) return fail() << "vec_elems " << s.vec_elems;
   if (vec > 1 && s.vec_bytes != vec_bytes) return fail() << "vec_bytes " << s.vec_bytes;
-  // Staged rows hold at most kMaxStagedVectors 16-byte vectors' bytes.
-  const bool streaming = vec == 1 || n * vec_bytes > kMaxStagedVectors * 16;
+  // Staged rows hold at most kMaxStagedVectors 16-byte vectors' bytes, 4 a thread in 1024
+  // threads.
+  const bool streaming = vec == 1 || n * vec_bytes > kMaxStagedVectors * 16 || n > 1024 * 4;
   const int G = s.group_threads;
   if (G < 32) {
     // Narrower than a warp: staged rows only, a power of two, one lane per rank's slot.
@@ -105,34 +106,49 @@ TEST(ChooseKernelShape, AllModelShapesAndTpDegrees) {
 
 // Rows of 8-byte vectors (widths 16-byte vectors do not divide): bf16 (8 B / 2), f32 (8 B / 4)
 // and fp8 (8 B / 1), staged up to the bytes of kMaxStagedVectors 16-byte vectors.
-TEST(ChooseKernelShape, EightByteVectorsOnEveryModelShapeAndTpDegree) {
-  int checked = 0, streamed = 0;
+TEST(ChooseKernelShape, EightAndFourByteVectorsOnEveryModelShapeAndTpDegree) {
+  int checked = 0, streamed = 0, four = 0;
   for (const Widths& full : kFullWidths) {
     for (int tp : kTp) {
       if (full.q % tp != 0 || full.k % tp != 0) continue;
       const int64_t qw = full.q / tp, kw = full.k / tp;
-      for (int vec : {4, 2, 8}) {
+      struct Vector {
+        int elems, bytes;
+      };
+      // 8-byte vectors of 16-bit, f32 and fp8 elements; 4-byte ones of 16-bit and fp8.
+      for (const Vector v : {Vector{4, 8}, Vector{2, 8}, Vector{8, 8}, Vector{2, 4}, Vector{4, 4}}) {
+        const int vec = v.elems;
         if (qw % vec != 0 || kw % vec != 0) continue;
         SCOPED_TRACE("full " + std::to_string(full.q) + "/" + std::to_string(full.k) + " TP " +
-                     std::to_string(tp) + " vec " + std::to_string(vec) + " of 8 bytes");
-        const KernelShape s = choose_kernel_shape(qw, kw, vec, kDefaultBlockThreads, tp, 0, 8);
-        EXPECT_TRUE(ShapeIsValid(s, qw, kw, vec, tp, 8));
+                     std::to_string(tp) + " vec " + std::to_string(vec) + " of " +
+                     std::to_string(v.bytes) + " bytes");
+        const KernelShape s =
+            choose_kernel_shape(qw, kw, vec, kDefaultBlockThreads, tp, 0, v.bytes);
+        EXPECT_TRUE(ShapeIsValid(s, qw, kw, vec, tp, v.bytes));
+        EXPECT_EQ(s.vec_bytes, v.bytes);
         for (int forced : {1, 2, 4, 8}) {
           if ((qw / vec + kw / vec + forced - 1) / forced > 1024 ||
-              (qw / vec + kw / vec) * 8 > kMaxStagedVectors * 16) {
+              (qw / vec + kw / vec) * v.bytes > kMaxStagedVectors * 16) {
             continue;
           }
-          EXPECT_TRUE(ShapeIsValid(choose_kernel_shape(qw, kw, vec, 1024, tp, forced, 8), qw, kw,
-                                   vec, tp, 8))
+          EXPECT_TRUE(ShapeIsValid(choose_kernel_shape(qw, kw, vec, 1024, tp, forced, v.bytes),
+                                   qw, kw, vec, tp, v.bytes))
               << "forced " << forced;
         }
         streamed += s.vectors_per_thread == 0;
+        four += v.bytes == 4;
         ++checked;
       }
     }
   }
-  EXPECT_GT(checked, 70);
+  EXPECT_GT(checked, 110);
   EXPECT_GT(streamed, 0);
+  EXPECT_GT(four, 40);
+  // fp8 3296:5312 at TP 8: 412 + 664 elements are 269 4-byte vectors, staged 4 a thread in 96
+  // threads (68 used), where 8-byte vectors do not divide 412.
+  const KernelShape fp8_tp8 = choose_kernel_shape(412, 664, 4, kDefaultBlockThreads, 8, 0, 4);
+  EXPECT_EQ(fp8_tp8.vectors_per_thread, 4);
+  EXPECT_EQ(fp8_tp8.group_threads, 96);
   // 2560 + 2560 bf16 elements are 640 16-byte vectors or 1280 8-byte ones: staged either way,
   // 4 a thread, so the group doubles; 9000 + 9000 bf16 elements (4500 8-byte vectors) stream.
   EXPECT_EQ(choose_kernel_shape(2560, 2560, 8).group_threads, 160);
@@ -140,8 +156,8 @@ TEST(ChooseKernelShape, EightByteVectorsOnEveryModelShapeAndTpDegree) {
   EXPECT_EQ(choose_kernel_shape(9000, 9000, 4, kDefaultBlockThreads, 1, 0, 8).vectors_per_thread,
             0);
   EXPECT_TRUE(testing::throws_error(
-      [] { choose_kernel_shape(2560, 2560, 4, kDefaultBlockThreads, 1, 0, 4); },
-      "vectors are of 16 or 8 bytes"));
+      [] { choose_kernel_shape(2560, 2560, 4, kDefaultBlockThreads, 1, 0, 2); },
+      "vectors are of 16, 8 or 4 bytes"));
 }
 
 // fp8 rows alone in 8-byte vectors, in launches of many tokens, take 8 a thread where 4 would
@@ -189,22 +205,28 @@ TEST(ChooseVectorBytes, TheWidestTheRowsAllowAndFp8AloneInEightBytes) {
       const bool fp8_alone = size == 1 && world == 1;
       EXPECT_EQ(choose_vector_bytes(size, 16, world, true), fp8_alone ? 8 : 16) << size;
       EXPECT_EQ(choose_vector_bytes(size, 8, world, true), 8) << size;
+      // 4-byte vectors hold two or more elements: 1- and 2-byte types only.
+      EXPECT_EQ(choose_vector_bytes(size, 4, world, true), size <= 2 ? 4 : 1) << size;
       EXPECT_EQ(choose_vector_bytes(size, size, world, true), 1) << size;
-      // Without 8-byte kernels (MiniMax-fused, the deterministic mode): 16 bytes or scalar.
+      // Without narrower kernels (MiniMax-fused, the deterministic mode): 16 bytes or scalar.
       EXPECT_EQ(choose_vector_bytes(size, 16, world, false), 16) << size;
       EXPECT_EQ(choose_vector_bytes(size, 8, world, false), 1) << size;
+      EXPECT_EQ(choose_vector_bytes(size, 4, world, false), 1) << size;
       // Forced: that width where the rows allow it, else the widest narrower one.
       EXPECT_EQ(choose_vector_bytes(size, 16, world, true, 16), 16) << size;
       EXPECT_EQ(choose_vector_bytes(size, 16, world, true, 8), 8) << size;
+      EXPECT_EQ(choose_vector_bytes(size, 16, world, true, 4), size <= 2 ? 4 : 1) << size;
+      EXPECT_EQ(choose_vector_bytes(size, 8, world, true, 4), size <= 2 ? 4 : 1) << size;
       EXPECT_EQ(choose_vector_bytes(size, 16, world, true, 1), 1) << size;
+      EXPECT_EQ(choose_vector_bytes(size, 4, world, true, 16), size <= 2 ? 4 : 1) << size;
       EXPECT_EQ(choose_vector_bytes(size, 8, world, true, 16), 8) << size;
       EXPECT_EQ(choose_vector_bytes(size, size, world, true, 16), 1) << size;
     }
   }
-  EXPECT_TRUE(testing::throws_error([] { choose_vector_bytes(1, 4, 1, true); },
-                                    "rows allow 16, 8 or element-size accesses"));
-  EXPECT_TRUE(testing::throws_error([] { choose_vector_bytes(2, 16, 1, true, 4); },
-                                    "a forced width is 16, 8 or 1"));
+  EXPECT_TRUE(testing::throws_error([] { choose_vector_bytes(1, 2, 1, true); },
+                                    "rows allow 16, 8, 4 or element-size accesses"));
+  EXPECT_TRUE(testing::throws_error([] { choose_vector_bytes(2, 16, 1, true, 2); },
+                                    "a forced width is 16, 8, 4 or 1"));
 }
 
 TEST(StagedRowBytesLimit, AloneAtTwoStagesWhereTheRingAndWeightsFit) {

@@ -95,14 +95,14 @@ TEST(LaunchTuning, VectorsPerThreadOnlyWhereTheKernelTableHasAnInstantiation) {
 }
 
 TEST(LaunchTuning, VectorBytesIsOneOfTheKernelsWidths) {
-  for (const int good : {0, 1, 8, 16}) {
+  for (const int good : {0, 1, 4, 8, 16}) {
     EXPECT_NO_THROW(with(&LaunchTuning::vector_bytes, good).validate()) << good;
   }
-  for (const int bad : {-16, 2, 4, 12, 32}) {
+  for (const int bad : {-16, 2, 6, 12, 32}) {
     const LaunchTuning t = with(&LaunchTuning::vector_bytes, bad);
     EXPECT_TRUE(testing::throws_error(
         [&] { t.validate(); },
-        "LaunchTuning.vector_bytes = " + std::to_string(bad) + " is not 16, 8 or 1"))
+        "LaunchTuning.vector_bytes = " + std::to_string(bad) + " is not 16, 8, 4 or 1"))
         << bad;
   }
 }

@@ -421,9 +421,12 @@ TEST_F(ValidateTest, VectorBytesForShardWidths) {
       {DType::kBF16, true, 500, 8},     // 4 x 125
       {DType::kF8E4M3, true, 1016, 8},  // 8 x 127
       {DType::kF32, false, 510, 8},     // 2 x 255
+      // Multiples of a 4-byte vector but not of an 8-byte one, for 1- and 2-byte types: 4.
+      {DType::kBF16, true, 502, 4},     // 2 x 251
+      {DType::kF8E4M3, true, 1012, 4},  // 4 x 253
       // Not even that: the element size (the scalar path).
-      {DType::kBF16, true, 502, 2},
-      {DType::kF8E4M3, true, 1012, 1},
+      {DType::kBF16, true, 501, 2},
+      {DType::kF8E4M3, true, 1010, 1},
       {DType::kF32, false, 511, 4},
   };
   for (const Want& w : cases) {
@@ -444,8 +447,8 @@ TEST_F(ValidateTest, VectorBytesForMisalignedPointerOrStrideIsNarrower) {
   p.k.out = at(kKOut + 8);
   EXPECT_EQ(vector_bytes_for(p), 8);
   p = Valid();
-  p.k.out = at(kKOut + 4);
-  EXPECT_EQ(vector_bytes_for(p), 2);
+  p.k.out = at(kKOut + 4);  // 4-byte aligned: 4-byte vectors of two elements
+  EXPECT_EQ(vector_bytes_for(p), 4);
   p = Valid();
   p.k.weight = at(kKW + 2);
   EXPECT_EQ(vector_bytes_for(p), 2);
@@ -462,10 +465,17 @@ TEST_F(ValidateTest, VectorBytesForMisalignedPointerOrStrideIsNarrower) {
   p.q.in = at(kQIn + 8);
   EXPECT_EQ(vector_bytes_for(p), 8);
   p = Valid(DType::kF8E4M3);
-  p.q.in = at(kQIn + 4);
+  p.q.in = at(kQIn + 4);  // 4-byte vectors of four elements
+  EXPECT_EQ(vector_bytes_for(p), 4);
+  p = Valid(DType::kF8E4M3);
+  p.q.in = at(kQIn + 2);
   EXPECT_EQ(vector_bytes_for(p), 1);
   p = Valid(DType::kF8E4M3);
-  p.q.out = at(kQOut + 8);  // 8 bf16 outputs of an 8-byte input vector are 16 bytes, so aligned
+  // 8 bf16 outputs of an 8-byte input vector are 16 bytes, so aligned to 16; the 4 of a 4-byte
+  // one are 8 bytes.
+  p.q.out = at(kQOut + 8);
+  EXPECT_EQ(vector_bytes_for(p), 4);
+  p.q.out = at(kQOut + 4);
   EXPECT_EQ(vector_bytes_for(p), 1);
   // Padding rows to a multiple of the vector keeps the vector path.
   p = Valid();

@@ -85,7 +85,7 @@ TEST(ValidateFuzz, ValidatorAgreesWithByteMapOracle) {
   Arena arena;
   ByteMap map;
   int retries = 0, valid = 0, invalid = 0, mismatches = 0, cases = 0;
-  int vec16 = 0, vec8 = 0, vec_scalar = 0, sole_checked = 0, in_place_valid = 0;
+  int vec16 = 0, vec8 = 0, vec4 = 0, vec_scalar = 0, sole_checked = 0, in_place_valid = 0;
   int decided_by_conservative_2d = 0, decided_by_conservative_vector = 0;
   int rule_hits[kNumRules] = {};
   std::map<int, int> lines_hit;
@@ -110,7 +110,7 @@ TEST(ValidateFuzz, ValidatorAgreesWithByteMapOracle) {
       if (c.tokens > 0 && !c.q.in.null && c.q.in.off == c.q.out.off) ++in_place_valid;
       const int want = ModelVectorBytes(c);
       const int got = vector_bytes_for(p);
-      ++(want == 16 ? vec16 : want == 8 ? vec8 : vec_scalar);
+      ++(want == 16 ? vec16 : want == 8 ? vec8 : want == 4 && kInSize[c.dtype] < 4 ? vec4 : vec_scalar);
       if (got != want) {
         ++mismatches;
         ADD_FAILURE() << "case " << cases << ": vector_bytes_for = " << got << ", model says "
@@ -141,7 +141,7 @@ TEST(ValidateFuzz, ValidatorAgreesWithByteMapOracle) {
             << mismatches << " disagreements\n"
             << "[ fuzz     ] " << NumMethods()
             << " Methods; vector_bytes_for on valid cases: " << vec16 << " x 16, " << vec8
-            << " x 8, " << vec_scalar << " x element size\n"
+            << " x 8, " << vec4 << " x 4, " << vec_scalar << " x element size\n"
             << "[ fuzz     ] " << sole_checked << " invalid cases with one problem had what() "
             << "checked\n"
             << "[ fuzz     ] invalid only by the different-strides rule: "
@@ -158,6 +158,7 @@ TEST(ValidateFuzz, ValidatorAgreesWithByteMapOracle) {
   EXPECT_GE(invalid, kCases / 5);
   EXPECT_GE(vec16, kCases / 50);
   EXPECT_GE(vec8, kCases / 100);
+  EXPECT_GE(vec4, kCases / 200);
   EXPECT_GE(vec_scalar, kCases / 50);
   EXPECT_GE(in_place_valid, kCases / 50);
   for (int r = 0; r < kNumRules; ++r) {

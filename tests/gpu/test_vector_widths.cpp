@@ -1,6 +1,7 @@
-// The three vector widths of the fused kernel on virtual ranks, against the float64 reference:
+// The four vector widths of the fused kernel on virtual ranks, against the float64 reference:
 // rows whose widths, strides or pointers allow 8-byte vectors but not 16-byte ones (fp8 widths
-// that are multiples of 8 elements, 16-bit ones of 4, f32 ones of 2), staged and streamed, and
+// that are multiples of 8 elements, 16-bit ones of 4, f32 ones of 2), rows that allow 4-byte
+// vectors but not 8-byte ones (fp8 widths of 4, 16-bit ones of 2), staged and streamed, and
 // every forced LaunchTuning::vector_bytes on rows that allow 16-byte vectors, at every
 // forced vectors-per-thread count. Each case first asserts which width the rows allow, so that
 // none passes on another path than the one it names.
@@ -108,6 +109,51 @@ TEST(VectorWidths, EightByteRowsMatchTheReference) {
   EXPECT_EQ(ran, 4 * 3 * 3 * 2 * 2);
 }
 
+// Local widths of an odd number of 4-byte vectors of 1- and 2-byte types (fp8's 412 at TP 8 of
+// 3296 is one), so 8-byte ones never divide them: packed short rows at TP 2-4, rows of a few
+// hundred vectors, and rows past 4096 vectors, which stream.
+TEST(VectorWidths, FourByteRowsMatchTheReference) {
+  REQUIRE_GPU();
+  int ran = 0;
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF8E4M3}) {
+    const int64_t v4 = static_cast<int64_t>(4 / size_of(dt));  // elements of a 4-byte vector
+    for (int world : {1, 2, 4}) {
+      struct Odd {
+        int64_t q, k;
+      };
+      for (const Odd o : {Odd{7, 3}, Odd{103, 63}, Odd{2501, 2001}}) {
+        for (NormOrder order : {NormOrder::kOlmo2, NormOrder::kLlama}) {
+          for (int64_t tokens : {int64_t{1}, o.q > 1000 ? int64_t{40} : int64_t{333}}) {
+            Case c{world, tokens, world * v4 * o.q, world * v4 * o.k, dt, order};
+            run_case(c, 4);
+            ++ran;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(ran, 3 * 3 * 3 * 2 * 2);
+}
+
+// In place in a fused QKV buffer whose row (Q + 2 K) is an odd number of 4-byte vectors: the
+// rows of every token start 4 bytes off 8-byte alignment in turn.
+TEST(VectorWidths, FourByteFusedRows) {
+  REQUIRE_GPU();
+  for (int world : {1, 2, 4}) {
+    for (DType dt : {DType::kBF16, DType::kF8E4M3}) {
+      const int64_t v4 = static_cast<int64_t>(4 / size_of(dt));
+      Case fused{world,
+                 257,
+                 world * v4 * 51,
+                 world * v4 * 13,
+                 dt,
+                 NormOrder::kOlmo2,
+                 Layout::kFusedInPlace};
+      run_case(fused, 4);
+    }
+  }
+}
+
 // In place in a fused QKV buffer whose row (Q + 2 K) is an odd number of 8-byte vectors, and the
 // MiniMax-fused method, which has no 8-byte kernels and takes the scalar path on such rows.
 TEST(VectorWidths, EightByteFusedRowsAndTheMiniMaxScalarPath) {
@@ -133,15 +179,16 @@ TEST(VectorWidths, EightByteFusedRowsAndTheMiniMaxScalarPath) {
   }
 }
 
-// Rows that allow 16-byte vectors, under every forced width (16, 8, 1) and vectors-per-thread
-// count: each instantiation of the 8-byte table runs at least once per dtype. A forced count
+// Rows that allow 16-byte vectors, under every forced width (16, 8, 4, 1) and vectors-per-thread
+// count: each instantiation of the 8- and 4-byte tables runs at least once per dtype (f32 has
+// no 4-byte vectors and takes the scalar path under 4). A forced count
 // that would need more than 1024 threads a row is refused by name, before anything is written.
 TEST(VectorWidths, EveryCapAndForcedCountOnWideRows) {
   REQUIRE_GPU();
   int ran = 0, refused = 0;
   for (DType dt : {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3}) {
     for (int world : {1, 2, 8}) {
-      for (int cap : {0, 16, 8, 1}) {
+      for (int cap : {0, 16, 8, 4, 1}) {
         for (int vpt : {0, 1, 2, 4, 8}) {
           for (NormOrder order : {NormOrder::kOlmo2, NormOrder::kLlama}) {
             Case c{world, 77, 2048, 512, dt, order};
@@ -149,7 +196,8 @@ TEST(VectorWidths, EveryCapAndForcedCountOnWideRows) {
             c.tuning.vectors_per_thread = vpt;
             const int64_t local_elems = (2048 + 512) / world;
             // Tuned (0): fp8 alone takes 8-byte vectors, the rest 16 (choose_vector_bytes).
-            const int bytes = cap != 0 ? cap : (dt == DType::kF8E4M3 && world == 1 ? 8 : 16);
+            int bytes = cap != 0 ? cap : (dt == DType::kF8E4M3 && world == 1 ? 8 : 16);
+            if (bytes == 4 && size_of(dt) == 4) bytes = 1;
             const int64_t vectors =
                 bytes == 1 ? local_elems : local_elems / static_cast<int64_t>(bytes / size_of(dt));
             if (bytes > 1 && vpt != 0 && (vectors + vpt - 1) / vpt > 1024) {
@@ -165,8 +213,10 @@ TEST(VectorWidths, EveryCapAndForcedCountOnWideRows) {
       }
     }
   }
-  EXPECT_GE(ran, 4 * 3 * 4 * 5 * 2 - 40);
-  EXPECT_GT(refused, 0);
+  // 6 forced counts need more than 1024 threads a row, all at TP 1 and 1 vector a thread: bf16
+  // and f16 in 4-byte vectors (1280 of them), f32 in 8-byte ones (1280), in both orders.
+  EXPECT_EQ(ran + refused, 4 * 3 * 5 * 5 * 2);
+  EXPECT_EQ(refused, 6);
 }
 
 // The deterministic mode's canonical order is defined on 16-byte vectors: a width below 16 is

@@ -177,8 +177,9 @@ Verdict Oracle(const Case& c, ByteMap& map) {
 int ModelVectorBytes(const Case& c) {
   const int64_t is = kInSize[c.dtype], os = kOutSize[c.dtype];
   auto addr = [](const Ptr& p) { return p.null ? int64_t{0} : p.off; };
-  for (const int64_t bytes : {16, 8}) {
+  for (const int64_t bytes : {16, 8, 4}) {
     const int64_t vec = bytes / is;
+    if (vec < 2) break;  // one element a vector is the scalar path
     const int64_t out_align = std::min<int64_t>(16, vec * os);
     bool ok = true;
     for (const Shard* v : {&c.q, &c.k}) {

@@ -94,8 +94,8 @@ Verdict Oracle(const Case& c, ByteMap& map);
 
 // vector_bytes_for's rules, modelled: 16 when every width and stride is a whole number of
 // 16-byte input vectors, inputs are 16-byte aligned and outputs and weights are aligned to
-// min(16, the bytes of one vector's worth of outputs); else 8 by the same rules for 8-byte
-// input vectors; else the input element size.
+// min(16, the bytes of one vector's worth of outputs); else 8, then (1- and 2-byte types) 4, by
+// the same rules for 8- and 4-byte input vectors; else the input element size.
 int ModelVectorBytes(const Case& c);
 
 // The names of the rules in v, or "none".

@@ -92,15 +92,20 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
     s.vectors_per_thread = n <= 32 ? 1 : (n <= 64 ? 2 : 4);
   } else {
     // Four vectors per thread; the group grows with the row, in whole warps, so few threads
-    // idle. fp8 rows alone (8 elements an 8-byte vector) in launches of many tokens take eight a
-    // thread where four would need groups of more than kFp8AloneMaxGroupAtFour threads: a thread
-    // then stages 64 bytes a token, as a 16-bit row's four 16-byte vectors do. In launches of
-    // 1-16 tokens eight a thread measured 0.5-1.3 us slower (not located), hence the bound.
+    // idle. Eight a thread, in launches of many tokens (in launches of 1-16 tokens fp8 alone
+    // measured 0.5-1.3 us slower at eight, not located, hence the bound):
+    // - fp8 rows alone (8 elements an 8-byte vector) where four would need groups of more than
+    //   kFp8AloneMaxGroupAtFour threads, up to kFp8EightMaxGroupAtFour: a thread then stages 64
+    //   bytes a token, as a 16-bit row's four 16-byte vectors do; wider rows lose at eight;
+    // - with peers, rows of 8- or 4-byte vectors of up to kNarrowEightMaxVectors: groups of one
+    //   or two warps instead of up to four, so fewer warps meet at each token's barrier.
+    const int64_t at_four = ceil_div(n, 4);
     const bool fp8_alone = world == 1 && vec_elems == 8 && vec_bytes == 8;
-    s.vectors_per_thread = fp8_alone && launch_tokens >= kFp8EightVectorsMinTokens &&
-                                   ceil_div(n, 4) > kFp8AloneMaxGroupAtFour
-                               ? 8
-                               : 4;
+    const bool many = launch_tokens >= kFp8EightVectorsMinTokens;
+    const bool fp8_eight =
+        fp8_alone && at_four > kFp8AloneMaxGroupAtFour && at_four <= kFp8EightMaxGroupAtFour;
+    const bool narrow_eight = world > 1 && vec_bytes < 16 && n <= kNarrowEightMaxVectors;
+    s.vectors_per_thread = many && (fp8_eight || narrow_eight) ? 8 : 4;
     s.group_threads = round_up_32(ceil_div(n, s.vectors_per_thread));
   }
   s.tokens_per_block = groups_per_block(s, n, block_threads);

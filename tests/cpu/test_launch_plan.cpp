@@ -144,9 +144,14 @@ TEST(ChooseKernelShape, EightAndFourByteVectorsOnEveryModelShapeAndTpDegree) {
   EXPECT_GT(checked, 110);
   EXPECT_GT(streamed, 0);
   EXPECT_GT(four, 40);
-  // fp8 3296:5312 at TP 8: 412 + 664 elements are 269 4-byte vectors, staged 4 a thread in 96
-  // threads (68 used), where 8-byte vectors do not divide 412.
-  const KernelShape fp8_tp8 = choose_kernel_shape(412, 664, 4, kDefaultBlockThreads, 8, 0, 4);
+  // fp8 3296:5312 at TP 8: 412 + 664 elements are 269 4-byte vectors (8-byte ones do not
+  // divide 412), staged 8 a thread in 64 threads in launches of many tokens, and 4 a thread in
+  // 96 threads (68 used) in launches of fewer than kFp8EightVectorsMinTokens.
+  KernelShape fp8_tp8 = choose_kernel_shape(412, 664, 4, kDefaultBlockThreads, 8, 0, 4);
+  EXPECT_EQ(fp8_tp8.vectors_per_thread, 8);
+  EXPECT_EQ(fp8_tp8.group_threads, 64);
+  fp8_tp8 = choose_kernel_shape(412, 664, 4, kDefaultBlockThreads, 8, 0, 4, kMaxStagedRowBytes,
+                                kFp8EightVectorsMinTokens - 1);
   EXPECT_EQ(fp8_tp8.vectors_per_thread, 4);
   EXPECT_EQ(fp8_tp8.group_threads, 96);
   // 2560 + 2560 bf16 elements are 640 16-byte vectors or 1280 8-byte ones: staged either way,
@@ -197,6 +202,52 @@ TEST(ChooseKernelShape, Fp8AloneTakesEightVectorsAThreadPastFourWarpsAtFour) {
   // The boundary: 516 vectors need 160 threads at 4.
   EXPECT_EQ(
       choose_kernel_shape(2048, 2080, 8, kDefaultBlockThreadsAlone, 1, 0, 8).vectors_per_thread, 8);
+  // Rows that need more than kFp8EightMaxGroupAtFour threads at 4 keep 4: 2048 vectors (512
+  // threads) take 8, 2049 (513) and the fuzz's 6720:11408 (2266) take 4.
+  EXPECT_EQ(
+      choose_kernel_shape(8192, 8192, 8, kDefaultBlockThreadsAlone, 1, 0, 8).vectors_per_thread, 8);
+  EXPECT_EQ(
+      choose_kernel_shape(8192, 8200, 8, kDefaultBlockThreadsAlone, 1, 0, 8).vectors_per_thread, 4);
+  s = choose_kernel_shape(6720, 11408, 8, kDefaultBlockThreadsAlone, 1, 0, 8,
+                          kMaxStagedRowBytesAlone);
+  EXPECT_EQ(s.vectors_per_thread, 4);
+  EXPECT_EQ(s.group_threads, 576);
+}
+
+// With peers, rows of 8- or 4-byte vectors of 129 to kNarrowEightMaxVectors vectors take 8 a
+// thread in launches of many tokens (one or two warps); 16-byte rows, rows alone, longer rows
+// and launches of fewer tokens keep 4.
+TEST(ChooseKernelShape, NarrowRowsWithPeersTakeEightVectorsAThread) {
+  struct Row {
+    int64_t q, k;
+    int vec, bytes, world, vpt, group;
+  };
+  const Row rows[] = {
+      {412, 664, 4, 8, 8, 8, 64},      // bf16 3296:5312 at TP 8: 269 8-byte vectors
+      {410, 130, 2, 4, 8, 8, 64},      // bf16 3280:1040 at TP 8: 270 4-byte vectors
+      {824, 1328, 8, 8, 4, 8, 64},     // fp8 3296:5312 at TP 4: 269 8-byte vectors
+      {260, 256, 4, 8, 2, 8, 32},      // 129 vectors: one warp
+      {1024, 1024, 4, 8, 2, 8, 64},    // 512 vectors: the bound
+      {1028, 1024, 4, 8, 2, 4, 160},   // 513 vectors: 4 a thread
+      {640, 640, 8, 16, 8, 4, 64},     // OLMo2-13B at TP 8, 16-byte vectors: 160 vectors, 4
+      {412, 664, 4, 8, 1, 4, 96},      // alone
+      {256, 256, 4, 8, 2, 4, 32},      // 128 vectors: one warp at 4 already
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(std::to_string(r.q) + ":" + std::to_string(r.k) + " vec " +
+                 std::to_string(r.vec) + " of " + std::to_string(r.bytes) + " bytes at TP " +
+                 std::to_string(r.world));
+    const KernelShape s =
+        choose_kernel_shape(r.q, r.k, r.vec, kDefaultBlockThreads, r.world, 0, r.bytes);
+    EXPECT_EQ(s.vectors_per_thread, r.vpt);
+    EXPECT_EQ(s.group_threads, r.group);
+    EXPECT_TRUE(ShapeIsValid(s, r.q, r.k, r.vec, r.world, r.bytes));
+    // Fewer tokens keep 4.
+    EXPECT_EQ(choose_kernel_shape(r.q, r.k, r.vec, kDefaultBlockThreads, r.world, 0, r.bytes,
+                                  kMaxStagedRowBytes, kFp8EightVectorsMinTokens - 1)
+                  .vectors_per_thread,
+              4);
+  }
 }
 
 TEST(ChooseVectorBytes, TheWidestTheRowsAllowAndFp8AloneInEightBytes) {

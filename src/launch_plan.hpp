@@ -17,8 +17,8 @@ namespace swiftqk {
 
 /// @brief How one token row (Q shard then K shard) of one rank is spread over threads.
 struct KernelShape {
-  int vec_elems = 1;           ///< elements per vector access; 1 selects the scalar path
-  int vec_bytes = 16;          ///< bytes of a vector access (16, 8 or 4; the scalar path ignores it)
+  int vec_elems = 1;   ///< elements per vector access; 1 selects the scalar path
+  int vec_bytes = 16;  ///< bytes of a vector access (16, 8 or 4; the scalar path ignores it)
   int vectors_per_thread = 1;  ///< staged vectors per thread (1, 2, 4, 8); 0 = streaming
   /// Threads normalising one token of one rank: whole warps, or (staged rows only) 8 or 16
   /// lanes, so that one warp normalises 4 or 2 tokens at once (kMinGroupThreads).

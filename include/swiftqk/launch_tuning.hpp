@@ -45,10 +45,10 @@ struct LaunchTuning {
   /// Ignored by a launch that serves one rank, which has one order.
   BlockOrder block_order = BlockOrder::kTuned;
   /// The vector access a launch takes, in bytes: 16, 8, 4 (1- and 2-byte types only), or 1 (the
-  /// scalar path, one element at a time); 0 = tuned (choose_vector_bytes). Where the rows' widths, strides or pointers do not
-  /// allow the width asked, the launch takes the widest narrower one they allow. The
-  /// deterministic mode needs 16 (its canonical order is defined on 16-byte vectors) and the
-  /// MiniMax-fused method has 16 or the scalar path.
+  /// scalar path, one element at a time); 0 = tuned (choose_vector_bytes). Where the rows' widths,
+  /// strides or pointers do not allow the width asked, the launch takes the widest narrower one
+  /// they allow. The deterministic mode needs 16 (its canonical order is defined on 16-byte
+  /// vectors) and the MiniMax-fused method has 16 or the scalar path.
   int vector_bytes = 0;
 
   /// @brief Throws swiftqk::Error naming the first field whose value no launch can take, and

@@ -116,7 +116,8 @@ TEST(ChooseKernelShape, EightAndFourByteVectorsOnEveryModelShapeAndTpDegree) {
         int elems, bytes;
       };
       // 8-byte vectors of 16-bit, f32 and fp8 elements; 4-byte ones of 16-bit and fp8.
-      for (const Vector v : {Vector{4, 8}, Vector{2, 8}, Vector{8, 8}, Vector{2, 4}, Vector{4, 4}}) {
+      for (const Vector v :
+           {Vector{4, 8}, Vector{2, 8}, Vector{8, 8}, Vector{2, 4}, Vector{4, 4}}) {
         const int vec = v.elems;
         if (qw % vec != 0 || kw % vec != 0) continue;
         SCOPED_TRACE("full " + std::to_string(full.q) + "/" + std::to_string(full.k) + " TP " +
@@ -131,8 +132,8 @@ TEST(ChooseKernelShape, EightAndFourByteVectorsOnEveryModelShapeAndTpDegree) {
               (qw / vec + kw / vec) * v.bytes > kMaxStagedVectors * 16) {
             continue;
           }
-          EXPECT_TRUE(ShapeIsValid(choose_kernel_shape(qw, kw, vec, 1024, tp, forced, v.bytes),
-                                   qw, kw, vec, tp, v.bytes))
+          EXPECT_TRUE(ShapeIsValid(choose_kernel_shape(qw, kw, vec, 1024, tp, forced, v.bytes), qw,
+                                   kw, vec, tp, v.bytes))
               << "forced " << forced;
         }
         streamed += s.vectors_per_thread == 0;
@@ -223,20 +224,19 @@ TEST(ChooseKernelShape, NarrowRowsWithPeersTakeEightVectorsAThread) {
     int vec, bytes, world, vpt, group;
   };
   const Row rows[] = {
-      {412, 664, 4, 8, 8, 8, 64},      // bf16 3296:5312 at TP 8: 269 8-byte vectors
-      {410, 130, 2, 4, 8, 8, 64},      // bf16 3280:1040 at TP 8: 270 4-byte vectors
-      {824, 1328, 8, 8, 4, 8, 64},     // fp8 3296:5312 at TP 4: 269 8-byte vectors
-      {260, 256, 4, 8, 2, 8, 32},      // 129 vectors: one warp
-      {1024, 1024, 4, 8, 2, 8, 64},    // 512 vectors: the bound
-      {1028, 1024, 4, 8, 2, 4, 160},   // 513 vectors: 4 a thread
-      {640, 640, 8, 16, 8, 4, 64},     // OLMo2-13B at TP 8, 16-byte vectors: 160 vectors, 4
-      {412, 664, 4, 8, 1, 4, 96},      // alone
-      {256, 256, 4, 8, 2, 4, 32},      // 128 vectors: one warp at 4 already
+      {412, 664, 4, 8, 8, 8, 64},     // bf16 3296:5312 at TP 8: 269 8-byte vectors
+      {410, 130, 2, 4, 8, 8, 64},     // bf16 3280:1040 at TP 8: 270 4-byte vectors
+      {824, 1328, 8, 8, 4, 8, 64},    // fp8 3296:5312 at TP 4: 269 8-byte vectors
+      {260, 256, 4, 8, 2, 8, 32},     // 129 vectors: one warp
+      {1024, 1024, 4, 8, 2, 8, 64},   // 512 vectors: the bound
+      {1028, 1024, 4, 8, 2, 4, 160},  // 513 vectors: 4 a thread
+      {640, 640, 8, 16, 8, 4, 64},    // OLMo2-13B at TP 8, 16-byte vectors: 160 vectors, 4
+      {412, 664, 4, 8, 1, 4, 96},     // alone
+      {256, 256, 4, 8, 2, 4, 32},     // 128 vectors: one warp at 4 already
   };
   for (const Row& r : rows) {
-    SCOPED_TRACE(std::to_string(r.q) + ":" + std::to_string(r.k) + " vec " +
-                 std::to_string(r.vec) + " of " + std::to_string(r.bytes) + " bytes at TP " +
-                 std::to_string(r.world));
+    SCOPED_TRACE(std::to_string(r.q) + ":" + std::to_string(r.k) + " vec " + std::to_string(r.vec) +
+                 " of " + std::to_string(r.bytes) + " bytes at TP " + std::to_string(r.world));
     const KernelShape s =
         choose_kernel_shape(r.q, r.k, r.vec, kDefaultBlockThreads, r.world, 0, r.bytes);
     EXPECT_EQ(s.vectors_per_thread, r.vpt);

@@ -110,7 +110,10 @@ TEST(ValidateFuzz, ValidatorAgreesWithByteMapOracle) {
       if (c.tokens > 0 && !c.q.in.null && c.q.in.off == c.q.out.off) ++in_place_valid;
       const int want = ModelVectorBytes(c);
       const int got = vector_bytes_for(p);
-      ++(want == 16 ? vec16 : want == 8 ? vec8 : want == 4 && kInSize[c.dtype] < 4 ? vec4 : vec_scalar);
+      ++(want == 16                          ? vec16
+         : want == 8                         ? vec8
+         : want == 4 && kInSize[c.dtype] < 4 ? vec4
+                                             : vec_scalar);
       if (got != want) {
         ++mismatches;
         ADD_FAILURE() << "case " << cases << ": vector_bytes_for = " << got << ", model says "

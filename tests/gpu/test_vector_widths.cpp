@@ -7,6 +7,7 @@
 // none passes on another path than the one it names.
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -82,56 +83,47 @@ std::size_t size_of(DType t) {
   return 1;
 }
 
-// Local widths of an odd number of 8-byte vectors, so 16-byte ones never divide them: short
-// rows (packed at TP 2-4), rows of a few hundred vectors, and rows past the staged limit's bytes
-// (4096 8-byte vectors), which stream.
-TEST(VectorWidths, EightByteRowsMatchTheReference) {
-  REQUIRE_GPU();
+// Local widths of odd numbers of `bytes`-byte vectors (q and k of `odds`), so that no wider
+// vector divides them, at TP 1, 2 and 4 in both orders, each case run and checked by run_case;
+// returns how many ran.
+struct Odd {
+  int64_t q, k;
+};
+int run_odd_rows(int bytes, std::initializer_list<DType> dtypes, std::initializer_list<Odd> odds) {
   int ran = 0;
-  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3}) {
-    const int64_t v8 = static_cast<int64_t>(8 / size_of(dt));  // elements of an 8-byte vector
+  for (DType dt : dtypes) {
+    const int64_t v = static_cast<int64_t>(bytes / size_of(dt));  // elements of a vector
     for (int world : {1, 2, 4}) {
-      struct Odd {
-        int64_t q, k;
-      };
-      for (const Odd o : {Odd{7, 3}, Odd{251, 37}, Odd{3001, 1501}}) {
+      for (const Odd o : odds) {
         for (NormOrder order : {NormOrder::kOlmo2, NormOrder::kLlama}) {
           // The streamed rows' float64 reference is the slow part: fewer tokens there.
           for (int64_t tokens : {int64_t{1}, o.q > 1000 ? int64_t{40} : int64_t{333}}) {
-            Case c{world, tokens, world * v8 * o.q, world * v8 * o.k, dt, order};
-            run_case(c, 8);
+            run_case(Case{world, tokens, world * v * o.q, world * v * o.k, dt, order}, bytes);
             ++ran;
           }
         }
       }
     }
   }
+  return ran;
+}
+
+// Odd numbers of 8-byte vectors: short rows (packed at TP 2-4), rows of a few hundred vectors,
+// and rows past the staged limit's bytes (4096 8-byte vectors), which stream.
+TEST(VectorWidths, EightByteRowsMatchTheReference) {
+  REQUIRE_GPU();
+  const int ran = run_odd_rows(8, {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3},
+                               {Odd{7, 3}, Odd{251, 37}, Odd{3001, 1501}});
   EXPECT_EQ(ran, 4 * 3 * 3 * 2 * 2);
 }
 
-// Local widths of an odd number of 4-byte vectors of 1- and 2-byte types (fp8's 412 at TP 8 of
-// 3296 is one), so 8-byte ones never divide them: packed short rows at TP 2-4, rows of a few
-// hundred vectors, and rows past 4096 vectors, which stream.
+// Odd numbers of 4-byte vectors of 1- and 2-byte types (fp8's 412 at TP 8 of 3296 is one):
+// packed short rows at TP 2-4, rows of a few hundred vectors, and rows past 4096 vectors, which
+// stream.
 TEST(VectorWidths, FourByteRowsMatchTheReference) {
   REQUIRE_GPU();
-  int ran = 0;
-  for (DType dt : {DType::kBF16, DType::kF16, DType::kF8E4M3}) {
-    const int64_t v4 = static_cast<int64_t>(4 / size_of(dt));  // elements of a 4-byte vector
-    for (int world : {1, 2, 4}) {
-      struct Odd {
-        int64_t q, k;
-      };
-      for (const Odd o : {Odd{7, 3}, Odd{103, 63}, Odd{2501, 2001}}) {
-        for (NormOrder order : {NormOrder::kOlmo2, NormOrder::kLlama}) {
-          for (int64_t tokens : {int64_t{1}, o.q > 1000 ? int64_t{40} : int64_t{333}}) {
-            Case c{world, tokens, world * v4 * o.q, world * v4 * o.k, dt, order};
-            run_case(c, 4);
-            ++ran;
-          }
-        }
-      }
-    }
-  }
+  const int ran = run_odd_rows(4, {DType::kBF16, DType::kF16, DType::kF8E4M3},
+                               {Odd{7, 3}, Odd{103, 63}, Odd{2501, 2001}});
   EXPECT_EQ(ran, 3 * 3 * 3 * 2 * 2);
 }
 

@@ -160,6 +160,11 @@ std::vector<Case> odd_cases() {
   v.push_back({4, 37, 4100, 12, DType::kF32, NormOrder::kLlama});
   v.push_back({3, 21, 3 * 129, 3 * 7, DType::kF16, NormOrder::kOlmo2});
   v.push_back({1, 9, 40000, 1000, DType::kBF16, NormOrder::kOlmo2});  // streaming path
+  // Rows of about 270 8- or 4-byte vectors with peers, in launches of 4096 tokens or more: 8
+  // vectors a thread (kNarrowEightMaxVectors), 64-thread groups.
+  v.push_back({8, 4100, 3280, 1040, DType::kBF16, NormOrder::kOlmo2});    // 4-byte vectors
+  v.push_back({4, 4100, 3296, 5312, DType::kF8E4M3, NormOrder::kLlama});  // 8-byte vectors
+  v.push_back({8, 4096, 3296, 5312, DType::kF8E4M3, NormOrder::kOlmo2});  // 4-byte vectors
   // Rows of 32-64 KB alone: staged in one group of up to 1024 threads a block
   // (staged_row_bytes_limit), in place too; with peers each rank's half row is staged as usual.
   v.push_back({1, 300, 16192, 15296, DType::kBF16, NormOrder::kOlmo2});

@@ -4,7 +4,8 @@
 #                                         with several GPUs the one-process-per-GPU sweep of all
 #                                         five methods and the TP decode run
 #   bash scripts/gpu_check.sh sweep     the one-process-per-GPU sweep and its precision run alone
-#   bash scripts/gpu_check.sh decode    the TP decode run alone
+#   bash scripts/gpu_check.sh decode    the TP decode runs alone (with and without the fused
+#                                         epilogue) and transformers_tp.py, stock TP against ours
 #   bash scripts/gpu_check.sh measure   virtual ranks against MiniMax fused, the precision
 #                                         study, the PyTorch baseline, TP-1 decode, sanitizers
 #   bash scripts/gpu_check.sh sanitize  compute-sanitizer memcheck, racecheck and synccheck on a
@@ -103,7 +104,8 @@ if [ "$verifying" = 1 ] || [ "$phase" = sweep ]; then
 fi
 [ "$verifying" = 1 ] && run_pytest
 
-# The TP decode run, one process per GPU.
+# The TP decode run, one process per GPU, with and without the fused epilogue, then transformers'
+# own TP plan against apply_swiftqk_tp at the models' real dimensions (random weights).
 if [ "$phase" = verify ] || [ "$phase" = decode ] || [ "$phase" = all ]; then
   if [ -n "$tps" ] && wait_ext; then
     for tp in $tps; do
@@ -113,8 +115,21 @@ if [ "$phase" = verify ] || [ "$phase" = decode ] || [ "$phase" = all ]; then
           --methods swiftqk,minimax_fused,all_gather,minimax_eager \
           --json "$OUT/e2e_tp${tp}_$model.json" >"$OUT/e2e_tp${tp}_$model.log" 2>&1
         note "e2e tp $tp $model: $(tail -1 "$OUT/e2e_tp${tp}_$model.log")"
+        # The fused epilogue (rows swiftqk_epilogue) against the swiftqk rows above.
+        timeout 200 python3 -m torch.distributed.run --nproc-per-node "$tp" bench/e2e_decode.py \
+          --model "$model" --layers 8 --batch 1,32,256 --context 512,4096 --iters 30 \
+          --methods swiftqk --fused-epilogue --json "$OUT/e2e_epilogue_tp${tp}_$model.json" \
+          >"$OUT/e2e_epilogue_tp${tp}_$model.log" 2>&1
+        note "e2e epilogue tp $tp $model: $(tail -1 "$OUT/e2e_epilogue_tp${tp}_$model.log")"
+        timeout 400 python3 -m torch.distributed.run --nproc-per-node "$tp" \
+          bench/transformers_tp.py --model "$model" --layers 4 --batch 1,8,64 \
+          --workdir "$OUT/ckpt" --json "$OUT/hf_tp${tp}_$model.json" \
+          >"$OUT/hf_tp${tp}_$model.log" 2>&1
+        rc=$?
+        note "transformers tp $tp $model: exit $rc, $(grep -c DISAGREES "$OUT/hf_tp${tp}_$model.log") disagreements"
       done
     done
+    rm -rf "$OUT/ckpt"
   fi
 fi
 

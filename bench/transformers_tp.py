@@ -87,19 +87,6 @@ def write_checkpoint(name, layers, path, seed):
     model.save_pretrained(path)
 
 
-def load_tp_plan(path, dtype):
-    """transformers' own TP plan: DistributedConfig where it exists (tp_plan= alone is
-    deprecated there), else the tp_plan argument."""
-    import transformers
-
-    config = getattr(transformers, "DistributedConfig", None)
-    if config is not None and "tp_plan" in inspect.signature(config).parameters:
-        cfg = config(tp_plan="auto", tp_size=dist.get_world_size())
-        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
-                                                                 distributed_config=cfg)
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, tp_plan="auto")
-
-
 class Clock:
     """CUDA events on a GPU, the wall clock on CPU; milliseconds."""
 
@@ -194,7 +181,7 @@ def main():
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo")
-    from swiftqk.integrations.transformers import apply_swiftqk_tp
+    from swiftqk.integrations.transformers import apply_swiftqk_tp, load_with_tp_plan
 
     dtype = torch.bfloat16 if cuda else torch.float32
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
@@ -212,7 +199,7 @@ def main():
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        model = load_tp_plan(path, dtype).eval()
+        model = load_with_tp_plan(path, dtype).eval()
         if variant != "stock":
             model = apply_swiftqk_tp(model, method=variant)
             if args.corrupt_norm and rank == 0:

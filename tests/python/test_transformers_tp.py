@@ -276,22 +276,11 @@ def test_tp2_gloo_processes_match_the_stock_model_on_cpu(tp, kind, kv_heads):
     assert all(e <= FP32_TOL for r in results.values() for e in r.values()), results
 
 
-def _load_tp_plan(path, dtype):
-    """transformers' own TP plan: DistributedConfig where it exists (tp_plan= alone is
-    deprecated there), else the tp_plan argument."""
-    config = getattr(transformers, "DistributedConfig", None)
-    if config is not None and "tp_plan" in inspect.signature(config).parameters:
-        cfg = config(tp_plan="auto", tp_size=dist.get_world_size())
-        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
-                                                                 distributed_config=cfg)
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, tp_plan="auto")
-
-
 def _tp_plan_rank(rank, world, rendezvous, kind, path, device_kind, method, results):
     """A checkpoint loaded with transformers' own TP plan (colwise_gather_output for q/k/v),
     then rewritten: its logits against the same checkpoint loaded whole."""
     sys.path.insert(0, os.path.dirname(__file__))
-    from swiftqk.integrations.transformers import apply_swiftqk_tp
+    from swiftqk.integrations.transformers import apply_swiftqk_tp, load_with_tp_plan
 
     cuda = device_kind == "cuda_per_rank"
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -304,7 +293,7 @@ def _tp_plan_rank(rank, world, rendezvous, kind, path, device_kind, method, resu
         device = torch.device("cuda", rank) if cuda else torch.device("cpu")
         dtype = torch.bfloat16 if cuda else torch.float32
         whole = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-        sharded = _load_tp_plan(path, dtype)
+        sharded = load_with_tp_plan(path, dtype)
         q = sharded.model.layers[0].self_attn.q_proj.weight
         # transformers' plan did shard it (a DTensor, or a local shard in older releases).
         assert type(q).__name__ == "DTensor" or q.shape[0] < 128, type(q)

@@ -365,3 +365,19 @@ def apply_swiftqk_tp(model: nn.Module, group=None, comm=None, method: str = "swi
             attn.o_proj = RowParallelLinear(w["o_weight"], w["o_bias"], group, world)
             attn.forward = _patched_forward(attn, shard, stock_forward)
     return model
+
+
+def load_with_tp_plan(path: str, dtype: torch.dtype):
+    """Loads a checkpoint with transformers' own TP plan over the default process group:
+    ``DistributedConfig(tp_plan="auto")`` where this transformers has it (``tp_plan=`` alone is
+    deprecated there), else ``tp_plan="auto"``. Collective: every rank of the group calls it."""
+    import inspect
+
+    import transformers
+
+    config = getattr(transformers, "DistributedConfig", None)
+    if config is not None and "tp_plan" in inspect.signature(config).parameters:
+        cfg = config(tp_plan="auto", tp_size=dist.get_world_size())
+        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                                 distributed_config=cfg)
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, tp_plan="auto")

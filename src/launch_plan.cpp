@@ -101,7 +101,7 @@ KernelShape choose_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
     //   or two warps instead of up to four, so fewer warps meet at each token's barrier.
     const int64_t at_four = ceil_div(n, 4);
     const bool fp8_alone = world == 1 && vec_elems == 8 && vec_bytes == 8;
-    const bool many = launch_tokens >= kFp8EightVectorsMinTokens;
+    const bool many = launch_tokens >= kEightVectorsMinTokens;
     const bool fp8_eight =
         fp8_alone && at_four > kFp8AloneMaxGroupAtFour && at_four <= kFp8EightMaxGroupAtFour;
     const bool narrow_eight = world > 1 && vec_bytes < 16 && n <= kNarrowEightMaxVectors;

@@ -161,16 +161,16 @@ constexpr int64_t kMaxStagedRingBytes = 200 * 1024;
 
 /// fp8 rows alone in 8-byte vectors take 8 vectors a thread where 4 would need a group wider than
 /// kFp8AloneMaxGroupAtFour and at most kFp8EightMaxGroupAtFour threads, in launches of at least
-/// kFp8EightVectorsMinTokens tokens. On one H200 at 4096-16384 tokens OLMo3-32B's 768 vectors to
+/// kEightVectorsMinTokens tokens. On one H200 at 4096-16384 tokens OLMo3-32B's 768 vectors to
 /// OLMo2-13B's 1280 gain 1-10%, OLMoE's 512 (128 threads at 4) lose 3-8% at 8, and rows of
 /// 2104-3172 vectors (526-793 threads at 4) lose 0.5-5%; at 1-16 tokens 8 a thread took 0.5-1.3
 /// us more (docs/performance.md, "fp8 alone: 8 vectors a thread").
 constexpr int kFp8AloneMaxGroupAtFour = 128;
 constexpr int kFp8EightMaxGroupAtFour = 512;
-constexpr int64_t kFp8EightVectorsMinTokens = 4096;
+constexpr int64_t kEightVectorsMinTokens = 4096;
 /// With peers, rows of 8- or 4-byte vectors (widths that 16-byte ones do not divide) of more
 /// than 128 vectors and at most this many take 8 vectors a thread in launches of at least
-/// kFp8EightVectorsMinTokens tokens: groups of one or two warps instead of up to four. At virtual
+/// kEightVectorsMinTokens tokens: groups of one or two warps instead of up to four. At virtual
 /// TP 8 and 4096 tokens on one H200, rows of 269-270 vectors (bf16 3280:1040 and 3296:5312, fp8
 /// 3296:5312) were 14-21% faster at 8 than at 4 (docs/performance.md, "Vector width").
 constexpr int64_t kNarrowEightMaxVectors = 512;

@@ -147,12 +147,12 @@ TEST(ChooseKernelShape, EightAndFourByteVectorsOnEveryModelShapeAndTpDegree) {
   EXPECT_GT(four, 40);
   // fp8 3296:5312 at TP 8: 412 + 664 elements are 269 4-byte vectors (8-byte ones do not
   // divide 412), staged 8 a thread in 64 threads in launches of many tokens, and 4 a thread in
-  // 96 threads (68 used) in launches of fewer than kFp8EightVectorsMinTokens.
+  // 96 threads (68 used) in launches of fewer than kEightVectorsMinTokens.
   KernelShape fp8_tp8 = choose_kernel_shape(412, 664, 4, kDefaultBlockThreads, 8, 0, 4);
   EXPECT_EQ(fp8_tp8.vectors_per_thread, 8);
   EXPECT_EQ(fp8_tp8.group_threads, 64);
   fp8_tp8 = choose_kernel_shape(412, 664, 4, kDefaultBlockThreads, 8, 0, 4, kMaxStagedRowBytes,
-                                kFp8EightVectorsMinTokens - 1);
+                                kEightVectorsMinTokens - 1);
   EXPECT_EQ(fp8_tp8.vectors_per_thread, 4);
   EXPECT_EQ(fp8_tp8.group_threads, 96);
   // 2560 + 2560 bf16 elements are 640 16-byte vectors or 1280 8-byte ones: staged either way,
@@ -191,13 +191,13 @@ TEST(ChooseKernelShape, Fp8AloneTakesEightVectorsAThreadPastFourWarpsAtFour) {
     EXPECT_EQ(choose_kernel_shape(q, k, 8, kDefaultBlockThreadsAlone, 1, 4, 8).vectors_per_thread,
               4);
   }
-  // Launches of fewer than kFp8EightVectorsMinTokens tokens keep 4.
+  // Launches of fewer than kEightVectorsMinTokens tokens keep 4.
   EXPECT_EQ(choose_kernel_shape(5120, 5120, 8, kDefaultBlockThreadsAlone, 1, 0, 8,
-                                kMaxStagedRowBytes, kFp8EightVectorsMinTokens - 1)
+                                kMaxStagedRowBytes, kEightVectorsMinTokens - 1)
                 .vectors_per_thread,
             4);
   EXPECT_EQ(choose_kernel_shape(5120, 5120, 8, kDefaultBlockThreadsAlone, 1, 0, 8,
-                                kMaxStagedRowBytes, kFp8EightVectorsMinTokens)
+                                kMaxStagedRowBytes, kEightVectorsMinTokens)
                 .vectors_per_thread,
             8);
   // The boundary: 516 vectors need 160 threads at 4.
@@ -244,7 +244,7 @@ TEST(ChooseKernelShape, NarrowRowsWithPeersTakeEightVectorsAThread) {
     EXPECT_TRUE(ShapeIsValid(s, r.q, r.k, r.vec, r.world, r.bytes));
     // Fewer tokens keep 4.
     EXPECT_EQ(choose_kernel_shape(r.q, r.k, r.vec, kDefaultBlockThreads, r.world, 0, r.bytes,
-                                  kMaxStagedRowBytes, kFp8EightVectorsMinTokens - 1)
+                                  kMaxStagedRowBytes, kEightVectorsMinTokens - 1)
                   .vectors_per_thread,
               4);
   }

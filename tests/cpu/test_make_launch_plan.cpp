@@ -329,13 +329,13 @@ TEST(MakeLaunchPlan, Fp8AloneTakesEightVectorsAThreadFromManyTokensOnWideRows) {
     r.out_elem_bytes = 2;
     return plan_of(r);
   };
-  LaunchPlan p = fp8(kModels[2], 1, kFp8EightVectorsMinTokens);
+  LaunchPlan p = fp8(kModels[2], 1, kEightVectorsMinTokens);
   EXPECT_EQ(p.shape.vectors_per_thread, 8);
   EXPECT_EQ(p.shape.group_threads, 160);
   // The plan is of the first chunk's tokens: a call of many chunks of capacity 16384 still
   // takes it; fewer tokens a launch, TP 2 and OLMoE's rows (128 threads at 4) keep 4.
   EXPECT_EQ(fp8(kModels[2], 1, 100000).shape.vectors_per_thread, 8);
-  EXPECT_EQ(fp8(kModels[2], 1, kFp8EightVectorsMinTokens - 1).shape.vectors_per_thread, 4);
+  EXPECT_EQ(fp8(kModels[2], 1, kEightVectorsMinTokens - 1).shape.vectors_per_thread, 4);
   EXPECT_EQ(fp8(kModels[2], 1, 64).shape.group_threads, 320);
   EXPECT_EQ(fp8(kModels[2], 2, 16384).shape.vectors_per_thread, 4);
   EXPECT_EQ(fp8(kModels[0], 1, 16384).shape.vectors_per_thread, 4);

@@ -11,6 +11,9 @@
 
 namespace swiftqk::detail {
 
+/// Every lane of a warp, for its shuffles.
+constexpr unsigned kFullMask = 0xffffffffu;
+
 /// VEC elements moved as one access; aligned to the access width (at most 16 bytes).
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC >= 16 ? 16 : sizeof(T) * VEC) Vec {

@@ -9,8 +9,14 @@
 
 #include <cstdint>
 
+#include "kernels/cp_async.cuh"
+#include "kernels/device_types.cuh"
 #include "kernels/epilogue_args.hpp"
-#include "kernels/swiftqk_fused.cuh"
+#include "kernels/exchange.cuh"
+#include "kernels/exchange_lanes.cuh"
+#include "kernels/norm_vectors.cuh"
+#include "kernels/rank_claim.cuh"
+#include "protocol.hpp"
 
 namespace swiftqk::detail {
 
@@ -46,16 +52,6 @@ constexpr std::size_t epilogue_smem_bytes(const EpilogueStageLayout& l, int stag
   return static_cast<std::size_t>(stages) * l.bytes() +
          pad16(static_cast<std::size_t>(weight_elems) * elem_bytes) +
          static_cast<std::size_t>(heads) * sizeof(float);
-}
-
-__device__ __forceinline__ void cp_async_bytes(uint32_t s, const void* g, int bytes) {
-  if (bytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
-  } else if (bytes == 8) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(g) : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(g) : "memory");
-  }
 }
 
 /// n / d for n * d < 2^32 with magic = ceil(2^32 / d) (epilogue_div_magic; 0 for d = 1): one

@@ -1,12 +1,12 @@
 // A CPU model of SwiftQK's failure semantics: what the kernel (src/kernels/swiftqk_fused.cuh,
-// src/kernels/exchange.cuh, src/kernels/lamport_exchange.cuh) and the host do when a wait fails,
-// when two kernels of one communicator run at once, and how a collective reset recovers. As in
-// the slot exchange model (protocol_model.hpp, which covers the happy path), threads stand in for
-// the ranks' hosts, short-lived worker threads for a kernel's blocks (one token group per block,
-// so a block's thread is also its thread 0), and relaxed atomics for the GPU's system-scope
-// accesses. Every output row of every rank and kernel is checked: it either equals the exact sum
-// of the call's partials (summed on the host in rank order) or is NaN. A wrong finite row is a
-// silent wrong answer and fails the test.
+// rank_claim.cuh, exchange_lanes.cuh, exchange.cuh, lamport_exchange.cuh) and the host do when a
+// wait fails, when two kernels of one communicator run at once, and how a collective reset
+// recovers. As in the slot exchange model (protocol_model.hpp, which covers the happy path),
+// threads stand in for the ranks' hosts, short-lived worker threads for a kernel's blocks (one
+// token group per block, so a block's thread is also its thread 0), and relaxed atomics for the
+// GPU's system-scope accesses. Every output row of every rank and kernel is checked: it either
+// equals the exact sum of the call's partials (summed on the host in rank order) or is NaN. A wrong
+// finite row is a silent wrong answer and fails the test.
 //
 // What is modelled, per rank, and where it is in the kernel:
 //  - The slots, as in protocol_model.hpp: slot_offset() in a workspace per rank, a slot is

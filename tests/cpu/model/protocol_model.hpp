@@ -1,5 +1,5 @@
-// A CPU model of the kernel's partial-sum exchange (src/kernels/swiftqk_fused.cuh,
-// exchange_partials and the call-counter advance at the end of swiftqk_fused_kernel), with one
+// A CPU model of the kernel's partial-sum exchange (src/kernels/exchange_lanes.cuh's
+// publish_partials and collect_partials, and rank_claim.cuh's call-counter advance), with one
 // std::thread per rank and short-lived worker threads per call standing in for the rank's blocks.
 // Its scenarios (test_protocol_model.cpp) show that reusing the two slot banks across
 // consecutive calls is safe while ranks drift apart, including across the wrap of the 30-bit

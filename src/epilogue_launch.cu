@@ -8,7 +8,7 @@
 #include "device_query.hpp"
 #include "epilogue_plan.hpp"
 #include "epilogue_table.hpp"
-#include "kernels/qk_epilogue.cuh"
+#include "kernels/epilogue_layout.cuh"
 #include "launch_plan.hpp"
 #include "swiftqk/communicator.hpp"
 

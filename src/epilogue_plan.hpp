@@ -1,5 +1,5 @@
 // The launch shape of a fused QK epilogue: its access width, block size, ring depth and chunks.
-// Host-only and CPU-tested; the kernel's shared-memory layout is qk_epilogue.cuh's.
+// Host-only and CPU-tested; the kernel's shared-memory layout is epilogue_layout.cuh's.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +13,8 @@ constexpr int kEpilogueUnitsPerThread = 4;
 /// A short row (high TP) gets a block of one warp: its barriers are then the warp's own, and up to
 /// 32 such blocks, each with its own tokens in flight, share an SM.
 constexpr int kEpilogueMinThreads = 32;
-constexpr int kEpilogueBlockCap = 512;  // qk_epilogue.cuh's kEpilogueMaxThreads
-constexpr int kEpilogueStageCap = 6;    // qk_epilogue.cuh's kEpilogueMaxStages
+constexpr int kEpilogueBlockCap = 512;  // epilogue_layout.cuh's kEpilogueMaxThreads
+constexpr int kEpilogueStageCap = 6;    // epilogue_layout.cuh's kEpilogueMaxStages
 /// Rows loading ahead of the one reduced: two while a stage is small, else one.
 constexpr std::size_t kEpilogueDeepStageBytes = 16 * 1024;
 /// With peers, a token's collect lags its publish by ceil(log2(TP)) tokens, at most this many

@@ -54,6 +54,19 @@ __device__ __forceinline__ void store_vec(Vec<T, VEC>* p, const Vec<T, VEC>& v) 
   for (int i = 0; i < kBytes / kWord; ++i) dst[i] = src[i];
 }
 
+/// One vector from src to dst, word by word with no local copy between: a store of a local Vec
+/// (store_vec) of a value just loaded was split into 4-byte stores (the epilogue's V copy).
+template <typename T, int VEC>
+__device__ __forceinline__ void copy_vec(Vec<T, VEC>* dst, const Vec<T, VEC>* src) {
+  constexpr int kBytes = sizeof(Vec<T, VEC>);
+  constexpr int kWord = kBytes > 16 ? 16 : kBytes;
+  using W = Word<kWord>;
+#pragma unroll
+  for (int i = 0; i < kBytes / kWord; ++i) {
+    reinterpret_cast<W*>(dst)[i] = reinterpret_cast<const W*>(src)[i];
+  }
+}
+
 template <typename T>
 struct OutputOf {
   using type = T;

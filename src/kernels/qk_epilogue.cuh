@@ -295,12 +295,22 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
       const int64_t off = stage_meta(cur)[2];
       if (off >= 0) {
         CacheT* vc = static_cast<CacheT*>(er.v_cache) + off;
+        // Not unrolled: unrolled, the loop kept several vectors in flight and pushed kernels at
+        // the register cap into spills.
+#pragma unroll 1
         for (int u = qk_units + tid; u < units; u += G) {
           const int e = u * VEC - qw - kw;
           const int h = div_by(e, a.hd_magic), d = e - h * hd;
-          float f[VEC];
-          load_floats<T, VEC>(row + u * VEC, f);
-          store_floats<CacheT, VEC>(vc + h * a.head_stride + d, f, v_scale);
+          if constexpr (std::is_same_v<CacheT, T>) {
+            // A cache of the model dtype takes V as it is: no conversion to fp32 and back (the
+            // same values; a NaN keeps its payload).
+            copy_vec(reinterpret_cast<Vec<T, VEC>*>(vc + h * a.head_stride + d),
+                     reinterpret_cast<const Vec<T, VEC>*>(row + u * VEC));
+          } else {
+            float f[VEC];
+            load_floats<T, VEC>(row + u * VEC, f);
+            store_floats<CacheT, VEC>(vc + h * a.head_stride + d, f, v_scale);
+          }
         }
       }
     }

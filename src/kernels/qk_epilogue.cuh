@@ -67,7 +67,9 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
   const int qk_units = (qw + kw) / VEC, units = (qw + 2 * kw) / VEC;
   const int ntok = static_cast<int>(a.tokens);
   const int S = a.stages;
-  const bool headwise = a.headwise != 0, neox = a.neox != 0;
+  // Headwise launches (and so Gemma-3's 1 + w weight) exchange nothing: they always run the
+  // kAlone kernel (epilogue_launch.cu), so the kernel with peers compiles their paths out.
+  const bool headwise = kAlone && a.headwise != 0, neox = a.neox != 0;
 
   // With peers block 0 claims the rank and every block reads the fault word at once
   // (claim_rank_at_entry): both round trips overlap the first rows' loads. The fault word stays a
@@ -388,8 +390,10 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
         if constexpr (kPair) {
           const int d0 = neox ? j * VEC : 2 * j;
           float u[VEC], v[VEC], c[VEC], sn[VEC];
-          normalized<T, VEC, kOlmo2>(x_head + d0, w_head + d0, r, a.weight_plus_one, u);
-          normalized<T, VEC, kOlmo2>(x_head + d0 + pd, w_head + d0 + pd, r, a.weight_plus_one, v);
+          normalized<T, VEC, kOlmo2>(x_head + d0, w_head + d0, r, kAlone ? a.weight_plus_one : 0,
+                                     u);
+          normalized<T, VEC, kOlmo2>(x_head + d0 + pd, w_head + d0 + pd, r,
+                                     kAlone ? a.weight_plus_one : 0, v);
           cos_sin<T, VEC>(cs, a.cs_f32, neox ? d0 : j, half, c, sn);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
@@ -402,7 +406,8 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
         } else {
           const int d0 = single_from + j * VEC;
           float u[VEC];
-          normalized<T, VEC, kOlmo2>(x_head + d0, w_head + d0, r, a.weight_plus_one, u);
+          normalized<T, VEC, kOlmo2>(x_head + d0, w_head + d0, r, kAlone ? a.weight_plus_one : 0,
+                                     u);
           if constexpr (VEC > 1) {
             if (!neox && d0 < rot) {  // GPT-J pairs inside the vector
               float c[VEC], sn[VEC];

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "handle_pool.hpp"
 #include "kernels/launch_args.hpp"
 #include "retained_scratch.hpp"
 #include "swiftqk/communicator.hpp"
@@ -38,6 +39,9 @@ struct LocalGroup {
   std::mutex mu;
   std::vector<CommState*> members;  // live states (addresses stable: each is heap-owned)
 };
+
+/// A CUDA event without timing, on `device`; throws swiftqk::Error when CUDA fails.
+cudaEvent_t new_event_on(int device);
 
 struct CommState {
   int rank = 0;
@@ -74,6 +78,10 @@ struct CommState {
   int* h_nccl_abort = nullptr;         // pinned, mapped: 1 once the watchdog aborted an all-reduce
   int* d_nccl_abort = nullptr;         // its device alias, read by the scale kernel (NaN when 1)
   std::unique_ptr<Watchdog> watchdog;  // bounds the eager all-reduces of nccl_exchange
+  // The begin and end events of each watched all-reduce, given back by the watchdog (created on
+  // this rank's device; destroyed at release(), after the watchdog's thread has stopped).
+  HandlePool<cudaEvent_t> nccl_events{[this] { return new_event_on(device); },
+                                      [](cudaEvent_t e) { cudaEventDestroy(e); }};
   /// Splits nccl_exchange from `nccl` and allocates the abort flag and the watchdog (from_nccl
   /// without P2P; reset() after an abort). Collective over `nccl`, bounded by timeout_s.
   void open_nccl_exchange(const char* what);

@@ -64,6 +64,13 @@ void mark_lamport_empty(uint8_t* ws, int world, int64_t capacity, cudaStream_t s
   SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
 }
 
+cudaEvent_t new_event_on(int device) {
+  DeviceGuard guard(device);
+  cudaEvent_t e = nullptr;
+  SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
 CommState::~CommState() { release(); }
 
 // Destruction paths report nothing: there is no caller left to tell.
@@ -105,6 +112,7 @@ void CommState::release() {
   d_nccl_abort = nullptr;
   if (last_done) cudaEventDestroy(last_done);
   last_done = nullptr;
+  nccl_events.clear();  // the watchdog, which gives them back, is gone
   allreduce_scratch.release();
   baselines.reset();
   if (ctl_stream) cudaStreamDestroy(ctl_stream);

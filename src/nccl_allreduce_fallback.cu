@@ -167,12 +167,26 @@ void exchange_sums(CommState& st, const float2* send, float2* recv, bool gather,
   const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(timeout_s));
   // The bound counts from when the stream reaches the all-reduce (`begin`), so work queued ahead
-  // of it on the stream does not count against timeout_s.
+  // of it on the stream does not count against timeout_s. Both events come from the
+  // communicator's pool and go back to it, not created and destroyed a chunk; the watchdog's
+  // callbacks keep a copy of give_back, and the pool outlives them (CommState::release stops the
+  // watchdog first).
   cudaEvent_t begin = nullptr, end = nullptr;
+  HandlePool<cudaEvent_t>* const pool = &st.nccl_events;
+  auto give_back = [pool](cudaEvent_t b, cudaEvent_t e) {
+    pool->give_back(b);
+    pool->give_back(e);
+  };
   if (!capturing) {
-    SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&begin, cudaEventDisableTiming));
-    SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&end, cudaEventDisableTiming));
-    SWIFTQK_CUDA_TRY(cudaEventRecord(begin, stream));
+    begin = pool->take();
+    try {
+      end = pool->take();
+      SWIFTQK_CUDA_TRY(cudaEventRecord(begin, stream));
+    } catch (...) {
+      pool->give_back(begin);
+      if (end != nullptr) pool->give_back(end);
+      throw;
+    }
   }
   bool enqueued = false;
   {
@@ -182,8 +196,7 @@ void exchange_sums(CommState& st, const float2* send, float2* recv, bool gather,
     if (st.nccl_exchange != nullptr) {
       const ncclResult_t r = collective(st.nccl_exchange);
       if (r != ncclSuccess && r != ncclInProgress) {
-        if (begin != nullptr) cudaEventDestroy(begin);
-        if (end != nullptr) cudaEventDestroy(end);
+        if (begin != nullptr) give_back(begin, end);
         SWIFTQK_FAIL(std::string("launch: ") + (gather ? "ncclAllGather" : "ncclAllReduce") +
                      " failed: " + ncclGetErrorString(r));
       }
@@ -202,24 +215,28 @@ void exchange_sums(CommState& st, const float2* send, float2* recv, bool gather,
   }
   if (begin == nullptr) return;
   if (!enqueued) {
-    cudaEventDestroy(begin);
-    cudaEventDestroy(end);
+    give_back(begin, end);
     return;
   }
-  SWIFTQK_CUDA_TRY(cudaEventRecord(end, stream));
+  try {
+    SWIFTQK_CUDA_TRY(cudaEventRecord(end, stream));
+  } catch (...) {
+    give_back(begin, end);
+    throw;
+  }
   CommState* s = &st;
   st.watchdog->watch(
-      [begin, end] {
+      [begin, end, give_back] {
         if (cudaEventQuery(end) == cudaErrorNotReady) return false;
-        cudaEventDestroy(begin);
-        cudaEventDestroy(end);
+        give_back(begin, end);
         return true;
       },
       timeout,
-      [s, begin, end, first_token] {
+      [s, begin, end, first_token, give_back] {
         abort_nccl_exchange(*s, first_token);
-        cudaEventDestroy(begin);  // released once the stream gets past them
-        cudaEventDestroy(end);
+        // Taken again, the events are recorded anew: what the stream still owes the old
+        // records no longer matters.
+        give_back(begin, end);
       },
       [begin] { return cudaEventQuery(begin) != cudaErrorNotReady; });
 }

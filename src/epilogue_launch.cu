@@ -188,7 +188,6 @@ void launch_impl(const std::vector<Communicator*>& comms,
                       std::to_string(p0.num_kv_heads) + " heads of " + std::to_string(p0.head_dim) +
                       " are beyond the kernel's index range");
   a.hd_magic = epilogue_div_magic(static_cast<uint32_t>(p0.head_dim));
-  a.item_magic = epilogue_div_magic(static_cast<uint32_t>(iph));
   const int64_t pairs = epilogue_pair_items(p0, vec), singles = iph - pairs;
   a.pair_magic = epilogue_div_magic(static_cast<uint32_t>(std::max<int64_t>(1, pairs)));
   a.single_magic = epilogue_div_magic(static_cast<uint32_t>(std::max<int64_t>(1, singles)));

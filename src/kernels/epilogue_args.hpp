@@ -39,7 +39,6 @@ struct EpilogueArgs {
   int cs_f32;             // cos_sin_cache is fp32 (else the model dtype)
   int cs_copy_bytes;      // unit in which a cos/sin row is staged: 16, 4 or 2 (plain copies)
   uint32_t hd_magic;      // epilogue_div_magic(head_dim)
-  uint32_t item_magic;    // epilogue_div_magic(work items per head)
   uint32_t pair_magic;    // epilogue_div_magic(rotated pair items per head, at least 1)
   uint32_t single_magic;  // epilogue_div_magic(single-vector items per head, at least 1)
   int single_shift;       // (heads x pair items) mod block threads: where the singles' loop starts

@@ -428,33 +428,19 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
           store(d0, u);
         }
       };
-      if constexpr (kAlone) {
-        // The pairs of every head, then the single vectors of every head: a warp's lanes take
-        // items of one kind, so they do not split between the rotated and the unrotated path
-        // (with partial rotary, one loop over each head's pairs and singles did). The second
-        // loop goes on from the thread after the first loop's last item.
-        for (int item = tid; item < heads * pair_items; item += G) {
-          const int hh = div_by(item, a.pair_magic);
-          process(hh, item - hh * pair_items, std::true_type{});
-        }
-        int item2 = tid - a.single_shift;
-        if (item2 < 0) item2 += G;
-        for (; item2 < heads * single_items; item2 += G) {
-          const int hh = div_by(item2, a.single_magic);
-          process(hh, item2 - hh * single_items, std::false_type{});
-        }
-      } else {
-        // With peers, one loop over each head's pairs and then singles: the split loops' extra
-        // state spilled at the 64-register cap.
-        const int items_per_head = pair_items + single_items;
-        for (int item = tid; item < heads * items_per_head; item += G) {
-          const int hh = div_by(item, a.item_magic), j = item - hh * items_per_head;
-          if (j < pair_items) {
-            process(hh, j, std::true_type{});
-          } else {
-            process(hh, j - pair_items, std::false_type{});
-          }
-        }
+      // The pairs of every head, then the single vectors of every head: a warp's lanes take
+      // items of one kind, so they do not split between the rotated and the unrotated path
+      // (with partial rotary, one loop over each head's pairs and singles did). The second
+      // loop goes on from the thread after the first loop's last item.
+      for (int item = tid; item < heads * pair_items; item += G) {
+        const int hh = div_by(item, a.pair_magic);
+        process(hh, item - hh * pair_items, std::true_type{});
+      }
+      int item2 = tid - a.single_shift;
+      if (item2 < 0) item2 += G;
+      for (; item2 < heads * single_items; item2 += G) {
+        const int hh = div_by(item2, a.single_magic);
+        process(hh, item2 - hh * single_items, std::false_type{});
       }
     }
   }

@@ -54,11 +54,11 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
 /// cos/sin rows).
 __device__ __forceinline__ void cp_async_bytes(uint32_t s, const void* g, int bytes) {
   if (bytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+    cp_async16(s, g);
   } else if (bytes == 8) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(g) : "memory");
+    cp_async_narrow<8>(s, g);
   } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(g) : "memory");
+    cp_async_narrow<4>(s, g);
   }
 }
 

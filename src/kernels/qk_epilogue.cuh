@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
         cp_async_bytes(w_s + static_cast<uint32_t>(e * sizeof(T)),
                        e < half_w ? qwp + e : kwp + (e - half_w), 16);
       }
-      asm volatile("cp.async.commit_group;");
+      cp_async_commit();
     } else {
       for (int e = tid; e < weight_elems; e += G) {
         s_weight[e] = e < half_w ? qwp[e] : kwp[e - half_w];
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
         }
       }
     }
-    asm volatile("cp.async.commit_group;");  // empty groups keep the count uniform
+    cp_async_commit();  // empty groups keep the count uniform
     tk_next += step;
   };
   // With peers, iteration `it` reduces and publishes token it of the block's sequence and collects

@@ -43,15 +43,16 @@ enum FailureCode : uint32_t {
   kFailConfigMismatch = 7,
 };
 
-/// Device-resident per-rank counters. With peers every block reads `call` at entry and claims
-/// the rank for its kernel in `owner` (one 64-bit CAS on the pair: a second kernel of the same
-/// communicator running at once finds another owner, or another call, and fails instead of
-/// mixing its partials with the first's); the last block to finish releases the rank and
-/// advances the call in one 64-bit store, so graph replays always find the current call number
-/// on the device. A group of one exchanges nothing and leaves them alone.
+/// Device-resident per-rank counters. With peers block 0 of a kernel claims the rank with an
+/// atomicOr of its owner id into `owner`, which returns the call number and the previous owner
+/// in one 64-bit word (a second kernel of the same communicator running at once finds another
+/// owner and fails instead of mixing its partials with the first's; rank_claim.cuh); the last
+/// block to finish releases the rank and advances the call in one 64-bit store, so graph replays
+/// always find the current call number on the device. A group of one exchanges nothing and
+/// leaves them alone.
 struct alignas(8) CallState {
   uint32_t call;   // low half of the claim word
-  uint32_t owner;  // high half: low 32 bits of the owning kernel's %gridid (never 0), 0 = free
+  uint32_t owner;  // high half: the owners' ids ORed ({n, ~n} of %gridid's low 16 bits), 0 = free
   uint32_t blocks_done;
   uint32_t probe_round;
   uint32_t lamport_call;    // MiniMax-fused baseline: buffer of the next call, 0..2

@@ -58,10 +58,12 @@ struct CommState {
   FailureRecord* d_failure = nullptr;
   FailureRecord* h_failure = nullptr;      // host-mapped, pinned
   FailureRecord* h_failure_dev = nullptr;  // its device alias
-  uint32_t probe_round = 0;   // every rank counts its collective rounds (probe, reset, close) alike
-  int* d_probe_ok = nullptr;  // preallocated: a cudaMalloc during a peer's probe could stall it
-  int* h_probe_ok = nullptr;  // pinned
-  uint32_t* h_owner = nullptr;        // pinned: a copy of CallState::owner (quiesce)
+  // Every rank counts its collective rounds alike: each probe, reset and close takes its rounds
+  // (reserve_rounds) when it starts, so one that throws half-way leaves no rank a round behind.
+  uint64_t probe_round = 0;
+  int* d_probe_ok = nullptr;    // preallocated: a cudaMalloc during a peer's probe could stall it
+  int* h_probe_ok = nullptr;    // pinned
+  uint32_t* h_owner = nullptr;  // pinned: a copy of CallState::owner (quiesce)
   cudaStream_t ctl_stream = nullptr;  // non-blocking: barriers, clears and copies of reset/close
   std::shared_ptr<LocalGroup> local_group;  // set for create_local_group's ranks
   int ranks_on_device = 1;                  // ranks of the group on this GPU driven by this process
@@ -105,9 +107,9 @@ struct CommState {
   /// Waits, bounded by about twice timeout_s, until this rank's kernels have finished: the last
   /// eager launch, and whatever kernel still owns the rank (CallState::owner).
   void quiesce();
-  /// A bounded barrier over the group (every rank's probe word carries the round): throws naming
-  /// the first rank that did not arrive, for `what` ("reset", "close").
-  void barrier(const char* what);
+  /// A bounded barrier over the group at probe round `round` (every rank's probe word carries
+  /// it): throws naming the first rank that did not arrive, for `what` ("reset", "close").
+  void barrier(const char* what, uint64_t round);
   /// Clears this rank's slots, fault word, Lamport buffers, counters and failure record.
   void clear_exchange_state();
 
@@ -118,10 +120,16 @@ struct CommState {
   /// Checks and records the stream of a new launch (throws on a second call in flight);
   /// `capturing`: the stream is being captured into a graph (stream_capturing).
   void begin_launch(cudaStream_t stream, bool capturing);
-  /// Launches a probe round on `stream` that waits up to timeout_s for every peer (no
+  /// The first of the next n probe rounds, taken for one collective operation.
+  uint64_t reserve_rounds(int n) {
+    const uint64_t first = probe_round + 1;
+    probe_round += static_cast<uint64_t>(n);
+    return first;
+  }
+  /// Launches probe round `round` on `stream`, waiting up to timeout_s for every peer (no
   /// synchronisation); *h_probe_ok reads 1 once it has finished if every peer's word arrived,
   /// else -(missing rank + 1).
-  void launch_probe(cudaStream_t stream, double timeout_s);
+  void launch_probe(cudaStream_t stream, double timeout_s, uint64_t round);
   void end_launch(cudaStream_t stream, bool capturing);
   RankArgs rank_args() const;
 };

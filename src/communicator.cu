@@ -214,11 +214,10 @@ void CommState::quiesce() {
   }
 }
 
-void CommState::launch_probe(cudaStream_t stream, double timeout_s) {
+void CommState::launch_probe(cudaStream_t stream, double timeout_s, uint64_t round) {
   *h_probe_ok = 1;
   SWIFTQK_CUDA_TRY(
       cudaMemcpyAsync(d_probe_ok, h_probe_ok, sizeof(int), cudaMemcpyHostToDevice, stream));
-  const uint64_t round = ++probe_round;
   probe_kernel<<<1, 32, 0, stream>>>(d_peers, local_ws, rank, world,
                                      probe_offset(world, config.token_capacity), round,
                                      static_cast<uint64_t>(timeout_s * 1e9), d_probe_ok);
@@ -227,12 +226,12 @@ void CommState::launch_probe(cudaStream_t stream, double timeout_s) {
       cudaMemcpyAsync(h_probe_ok, d_probe_ok, sizeof(int), cudaMemcpyDeviceToHost, stream));
 }
 
-void CommState::barrier(const char* what) {
+void CommState::barrier(const char* what, uint64_t round) {
   if (world == 1 || !p2p) return;  // no peer writes into this rank's memory
   DeviceGuard guard(device);
   // A peer may first have to wait out its own last kernel (quiesce's bound) before it arrives.
   const double bound = 2.0 * config.timeout_s + 1.0;
-  launch_probe(ctl_stream, bound);
+  launch_probe(ctl_stream, bound, round);
   SWIFTQK_CUDA_TRY(cudaStreamSynchronize(ctl_stream));
   const int ok = *h_probe_ok;
   SWIFTQK_EXPECTS(ok == 1, std::string(what) + ": communicator rank " + std::to_string(rank) +
@@ -349,8 +348,9 @@ void Communicator::close() {
     return;
   }
   try {
+    const uint64_t round = s.reserve_rounds(1);
     s.quiesce();
-    s.barrier("close");
+    s.barrier("close", round);
   } catch (const Error& e) {
     // A peer may still write into this workspace: keep it allocated, unused, for good.
     static auto* kept = new std::vector<std::shared_ptr<detail::DeviceAllocations>>();
@@ -434,11 +434,14 @@ void Communicator::reset() {
   }
   // Quiesce, barrier, clear, barrier: after the first barrier no rank's kernel is running, so
   // nothing published before the reset can land after the clear; after the second, no rank
-  // publishes the next call into a peer that has not cleared yet.
+  // publishes the next call into a peer that has not cleared yet. The rounds are taken first:
+  // a reset that throws (a peer missing at a barrier) still takes both, so after a failed reset
+  // on some ranks, the next reset on every rank meets at the same rounds.
+  const uint64_t round = s.reserve_rounds(2);
   s.quiesce();
-  s.barrier("reset");
+  s.barrier("reset", round);
   s.clear_exchange_state();
-  s.barrier("reset");
+  s.barrier("reset", round + 1);
 }
 
 bool Communicator::probe_peers(cudaStream_t stream) {
@@ -447,7 +450,7 @@ bool Communicator::probe_peers(cudaStream_t stream) {
                   "probe_peers: communicator rank " + std::to_string(s.rank) + " is closed");
   DeviceGuard guard(s.device);
   // Nothing here may synchronise the device: peers' probe kernels are spinning meanwhile.
-  s.launch_probe(stream, s.config.timeout_s);
+  s.launch_probe(stream, s.config.timeout_s, s.reserve_rounds(1));
   SWIFTQK_CUDA_TRY(cudaStreamSynchronize(stream));
   return *s.h_probe_ok == 1;
 }

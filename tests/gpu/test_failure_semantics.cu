@@ -420,6 +420,41 @@ TEST(FailureSemantics, CollectiveResetAfterALatePeer) {
   SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
 }
 
+// A reset that some ranks made alone and that failed at a barrier (rank 0's at the first, before
+// clearing; rank 1's at the second, after clearing) does not leave the ranks' probe rounds out of
+// step: the next reset, made by every rank, meets at the same rounds and the group works again.
+TEST(FailureSemantics, AResetAfterResetsThatFailedAtTheirBarriersRecovers) {
+  REQUIRE_GPU();
+  CommConfig cfg;
+  cfg.timeout_s = 0.2;
+  IpcPair pair(cfg);
+  Problem p = Problem::random(40, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 27);
+  RankData r0 = make_rank(p, 2, 0, Layout::kSeparate), r1 = make_rank(p, 2, 1, Layout::kSeparate);
+  cudaStream_t s0 = new_stream(), s1 = new_stream();
+  launch_qk_norm(pair.comms[0], r0.params, s0);  // rank 1 never calls: a timeout
+  EXPECT_THROW(pair.comms[0].synchronize(s0), Error);
+  expect_error([&] { pair.comms[0].reset(); }, "rank 1 did not reach the reset barrier");
+  expect_error([&] { pair.comms[1].reset(); }, "rank 0 did not reach the reset barrier");
+  std::thread other([&] { pair.comms[1].reset(); });
+  EXPECT_NO_THROW(pair.comms[0].reset());
+  other.join();
+  for (int call = 0; call < 20; ++call) {
+    p.refill(700 + call);
+    upload_inputs(p, 2, 0, r0, s0);
+    upload_inputs(p, 2, 1, r1, s1);
+    poison(r0, s0);
+    poison(r1, s1);
+    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    launch_qk_norm(pair.comms[0], r0.params, s0);
+    launch_qk_norm(pair.comms[1], r1.params, s1);
+    pair.comms[0].synchronize(s0);
+    pair.comms[1].synchronize(s1);
+    ASSERT_EQ(check_ranks(p, 2, {&r0, &r1}).wrong, 0) << "call " << call;
+  }
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s0));
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
+}
+
 TEST(FailureSemantics, UnboundedTimeoutsAreRefused) {
   REQUIRE_GPU();
   for (double t : {std::numeric_limits<double>::infinity(), 1e30, 2e10}) {

@@ -134,6 +134,41 @@ struct CommState {
   RankArgs rank_args() const;
 };
 
+/// The end of one launch (CommState::end_launch) on each of its communicators, recorded also
+/// when the launch throws: whatever it enqueued before the throw (an NCCL fallback call whose
+/// all-reduce was aborted has enqueued its kernels when its final check throws) is then the
+/// launch that reset()'s quiesce waits for and that a launch from another stream finds in
+/// flight, not the one before it. Made once every communicator's begin_launch has passed, and
+/// destroyed before their launch_mutex locks are released.
+class LaunchEnd {
+ public:
+  LaunchEnd(Communicator* const* comms, std::size_t count, cudaStream_t stream, bool capturing)
+      : comms_(comms), count_(count), stream_(stream), capturing_(capturing) {}
+  LaunchEnd(const LaunchEnd&) = delete;
+  LaunchEnd& operator=(const LaunchEnd&) = delete;
+  /// The launch returns: records its end on every communicator (throws if CUDA cannot).
+  void done() {
+    for (; ended_ < count_; ++ended_) comms_[ended_]->state().end_launch(stream_, capturing_);
+  }
+  ~LaunchEnd() {
+    // The launch threw: its own error is the one the caller gets, so a failure to record the
+    // end is dropped here.
+    for (; ended_ < count_; ++ended_) {
+      try {
+        comms_[ended_]->state().end_launch(stream_, capturing_);
+      } catch (...) {
+      }
+    }
+  }
+
+ private:
+  Communicator* const* comms_;
+  std::size_t count_;
+  cudaStream_t stream_;
+  bool capturing_;
+  std::size_t ended_ = 0;
+};
+
 /// True while `stream` is being captured into a CUDA graph.
 bool stream_capturing(cudaStream_t stream);
 

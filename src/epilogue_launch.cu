@@ -215,6 +215,8 @@ void launch_impl(const std::vector<Communicator*>& comms,
     locks.emplace_back(c->state().launch_mutex);
     c->state().begin_launch(stream, capturing);
   }
+  // A chunk's launch that throws leaves the chunks before it enqueued: the launch ends anyway.
+  detail::LaunchEnd end(comms.data(), comms.size(), stream, capturing);
   for (int64_t i = 0; i < chunks; ++i) {
     const int64_t first = i * per_launch;
     const int64_t tokens = std::min(per_launch, p0.tokens - first);
@@ -231,7 +233,7 @@ void launch_impl(const std::vector<Communicator*>& comms,
     detail::launch_kernel(fn, dim3(static_cast<unsigned>(grid.blocks_per_rank * ranks)),
                           shape.threads, smem, stream, a, pdl);
   }
-  for (Communicator* c : comms) c->state().end_launch(stream, capturing);
+  end.done();
 }
 
 }  // namespace

@@ -207,12 +207,16 @@ void launch_nccl_path(Communicator& comm, const QkNormParams& p, cudaStream_t st
   std::unique_lock<std::mutex> lock(comm.state().launch_mutex);
   const bool capturing = detail::stream_capturing(stream);
   comm.state().begin_launch(stream, capturing);
+  // Ended also when the call throws after enqueuing (the fallback's final check_error throws
+  // once its all-reduce was aborted, behind its kernels).
+  Communicator* const one = &comm;
+  detail::LaunchEnd end(&one, 1, stream, capturing);
   if (uses_nccl(p.method)) {
     detail::launch_nccl_baseline(comm, p, stream);
   } else {
     detail::launch_nccl_allreduce_fallback(comm, p, stream);
   }
-  comm.state().end_launch(stream, capturing);
+  end.done();
 }
 
 void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNormParams>& params,
@@ -263,6 +267,8 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     locks.emplace_back(c->state().launch_mutex);
     c->state().begin_launch(stream, capturing);
   }
+  // A chunk's launch that throws leaves the chunks before it enqueued: the launch ends anyway.
+  detail::LaunchEnd end(comms.data(), comms.size(), stream, capturing);
   for (int64_t i = 0; i < plan.chunks; ++i) {
     const ChunkPlan c = plan.chunk(i);
     a.tokens = c.tokens;
@@ -279,7 +285,7 @@ void launch_impl(const std::vector<Communicator*>& comms, const std::vector<QkNo
     detail::launch_kernel(kernels.of(plan.shape, c.orders), c.grid.grid(),
                           plan.shape.block_threads(), plan.smem_bytes, stream, a, pdl);
   }
-  for (Communicator* c : comms) c->state().end_launch(stream, capturing);
+  end.done();
 }
 
 }  // namespace

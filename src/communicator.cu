@@ -260,7 +260,6 @@ void CommState::open_nccl_exchange(const char* what) {
     SWIFTQK_CUDA_TRY(
         cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_nccl_abort), h_nccl_abort, 0));
   }
-  *h_nccl_abort = 0;
   {
     std::lock_guard<std::mutex> lock(nccl_mu);
     if (nccl_exchange != nullptr) ncclCommAbort(nccl_exchange);
@@ -270,6 +269,9 @@ void CommState::open_nccl_exchange(const char* what) {
   ncclComm_t comm = split_nonblocking(nccl, rank, 2.0 * config.timeout_s + 1.0, what);
   {
     std::lock_guard<std::mutex> lock(nccl_mu);
+    // Cleared only with a communicator to all-reduce on: a split that threw leaves the flag
+    // as it was, and reset() then sets it.
+    *h_nccl_abort = 0;
     nccl_exchange = comm;
   }
   if (!watchdog) watchdog = std::make_unique<Watchdog>();
@@ -429,7 +431,20 @@ void Communicator::reset() {
     // ranks' communicators match.
     s.quiesce();
     s.clear_exchange_state();
-    s.open_nccl_exchange("reset");
+    try {
+      s.open_nccl_exchange("reset");
+    } catch (const Error& e) {
+      // The old exchange communicator is aborted and no new one was split: the rank stays
+      // failed (check_error() raises, a graph replay's scale writes NaN) rather than looking
+      // healthy with nothing to all-reduce on.
+      {
+        std::lock_guard<std::mutex> lock(s.nccl_mu);
+        detail::record_nccl_failure(s, detail::kFailNcclNoExchange, -1);
+      }
+      SWIFTQK_FAIL(std::string(e.what()) +
+                   "; this rank has no NCCL communicator for its all-reduces: call reset() again "
+                   "on every rank");
+    }
     return;
   }
   // Quiesce, barrier, clear, barrier: after the first barrier no rank's kernel is running, so

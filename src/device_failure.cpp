@@ -45,6 +45,14 @@ std::string DeviceFailure::describe() const {
          "outputs are NaN; every rank must call reset()";
     return s.str();
   }
+  if (code == 8) {
+    s << "rank " << rank
+      << ": reset() did not finish: this group has no P2P, so it exchanges through NCCL, and "
+         "reset() aborted the fallback's NCCL communicator but could not split a new one "
+         "(reset()'s error says why). Calls on this rank have nothing to all-reduce on: their "
+         "outputs are NaN; reset() failed and must be called again on every rank";
+    return s.str();
+  }
   if (code == 1 && token < 0) {
     s << "rank " << rank
       << " timed out waiting for its own kernel's first block to claim the rank: the grid could "

@@ -191,9 +191,14 @@ void exchange_sums(CommState& st, const float2* send, float2* recv, bool gather,
   bool enqueued = false;
   {
     std::lock_guard<std::mutex> lock(st.nccl_mu);
-    // Aborted during this call (an earlier chunk's wait, or the watchdog): the abort flag is
-    // set, so the scale kernel writes NaN over this chunk too, and the call throws at its end.
-    if (st.nccl_exchange != nullptr) {
+    // No exchange communicator: aborted during this call (an earlier chunk's wait, or the
+    // watchdog), which has recorded code 6, or never split (a reset() whose split threw). Either
+    // way the failure is recorded (the first one stays) and the abort flag set, so the scale
+    // kernel writes NaN over this chunk, not a sum of this rank's partials alone or stale
+    // gathered ones, and the call throws at its end.
+    if (st.nccl_exchange == nullptr) {
+      record_nccl_failure(st, kFailNcclNoExchange, first_token);
+    } else {
       const ncclResult_t r = collective(st.nccl_exchange);
       if (r != ncclSuccess && r != ncclInProgress) {
         if (begin != nullptr) give_back(begin, end);

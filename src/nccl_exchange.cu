@@ -51,7 +51,7 @@ ncclComm_t split_nonblocking(ncclComm_t parent, int rank, double timeout_s,
   return comm;
 }
 
-void record_nccl_timeout(CommState& st, int64_t first_token) {
+void record_nccl_failure(CommState& st, uint32_t code, int64_t first_token) {
   volatile FailureRecord* f = st.h_failure;
   if (f != nullptr && f->code == kFailNone) {
     f->rank = st.rank;
@@ -62,11 +62,15 @@ void record_nccl_timeout(CommState& st, int64_t first_token) {
     // The code last: a reader that sees it sees the rest (x86 keeps stores in order; the
     // fence keeps the compiler from reordering them).
     std::atomic_thread_fence(std::memory_order_release);
-    f->code = kFailNcclTimeout;
+    f->code = code;
   }
   // Before any abort: the scale kernel behind the all-reduce starts only once the abort has
   // ended the all-reduce's kernel, and then reads 1.
-  __atomic_store_n(st.h_nccl_abort, 1, __ATOMIC_SEQ_CST);
+  if (st.h_nccl_abort != nullptr) __atomic_store_n(st.h_nccl_abort, 1, __ATOMIC_SEQ_CST);
+}
+
+void record_nccl_timeout(CommState& st, int64_t first_token) {
+  record_nccl_failure(st, kFailNcclTimeout, first_token);
 }
 
 void abort_nccl_exchange(CommState& st, int64_t first_token) {

@@ -25,9 +25,12 @@ void wait_nccl(ncclComm_t& comm, std::chrono::steady_clock::time_point deadline,
 ncclComm_t split_nonblocking(ncclComm_t parent, int rank, double timeout_s,
                              const std::string& what);
 
-/// @brief Records code kFailNcclTimeout for the chunk from `first_token` in st's host-mapped
-/// failure record (if none is there yet) and sets the abort flag the scale kernel reads (it
-/// then writes NaN). The caller holds st.nccl_mu.
+/// @brief Records `code` (a FailureCode) for the chunk from `first_token` (-1: none) in st's
+/// host-mapped failure record (if none is there yet) and sets the abort flag the scale kernel
+/// reads (it then writes NaN). The caller holds st.nccl_mu.
+void record_nccl_failure(CommState& st, uint32_t code, int64_t first_token);
+
+/// @brief record_nccl_failure with code kFailNcclTimeout.
 void record_nccl_timeout(CommState& st, int64_t first_token);
 
 /// @brief The watchdog's action when an eager all-reduce from `first_token` on has not finished

@@ -14,7 +14,8 @@ struct DeviceFailure {
   /// [0, max_position); 5 an epilogue token's KV-cache slot was outside [0, slots) and not -1;
   /// 6 the NCCL fallback's all-reduce from `token` on did not finish within timeout_s (recorded
   /// by the host's watchdog); 7 the NCCL fallback's ranks made a call with different
-  /// configurations
+  /// configurations; 8 the NCCL fallback's reset() could not split a new NCCL communicator
+  /// (recorded by the host; reset() must run again on every rank)
   uint32_t code = 0;
   int32_t rank = -1;          ///< rank that recorded it
   int32_t peer = -1;          ///< code 1: rank whose partial never arrived; code 3: the failed peer

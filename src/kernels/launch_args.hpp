@@ -41,6 +41,9 @@ enum FailureCode : uint32_t {
   kFailNcclTimeout = 6,
   // The NCCL fallback's per-call check: the ranks' configuration hashes of this call differ.
   kFailConfigMismatch = 7,
+  // Recorded by the host: the NCCL fallback has no exchange communicator, because reset() could
+  // not split a new one (the old one is aborted by then); reset() must run again on every rank.
+  kFailNcclNoExchange = 8,
 };
 
 /// Device-resident per-rank counters. With peers block 0 of a kernel claims the rank with an

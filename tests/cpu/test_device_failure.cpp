@@ -53,6 +53,19 @@ TEST(DeviceFailure, AnNcclFallbackTimeoutNamesTheRankTheTokensAndTheWayOut) {
   EXPECT_TRUE(has(d, "reset()")) << d;
 }
 
+TEST(DeviceFailure, AnNcclFallbackResetWhoseSplitFailedSaysToResetAgainOnEveryRank) {
+  DeviceFailure f;
+  f.code = 8;
+  f.rank = 2;
+  const std::string d = f.describe();
+  EXPECT_TRUE(has(d, "rank 2")) << d;
+  EXPECT_FALSE(has(d, "unknown failure code")) << d;
+  for (const char* what : {"reset() did not finish", "could not split", "outputs are NaN",
+                           "called again on every rank"}) {
+    EXPECT_TRUE(has(d, what)) << what << ": " << d;
+  }
+}
+
 TEST(DeviceFailure, EveryTimeoutNamesTheRanksAndTheToken) {
   for (const auto& [expected, seen] :
        {std::pair{tag_for_call(7), 0u}, std::pair{tag_for_call(7), tag_for_call(7)},

@@ -37,17 +37,42 @@ ncclComm_t split_nonblocking(ncclComm_t parent, int rank, double timeout_s,
                              const std::string& what) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclComm_t comm = nullptr;
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(
                                              std::chrono::duration<double>(timeout_s));
-  const ncclResult_t r = ncclCommSplit(parent, 0, rank, &comm, &config);
+  const std::string splitting = what + " (splitting the exchange's NCCL communicator)";
+  // NCCL writes the new communicator's handle only once the split has completed, which with a
+  // non-blocking parent is after ncclCommSplit returned, from NCCL's own thread. So the handle
+  // lives on the heap, and every path that gives up before the split has completed leaves it
+  // allocated: NCCL may still write it.
+  auto* slot = new ncclComm_t(nullptr);
+  const ncclResult_t r = ncclCommSplit(parent, 0, rank, slot, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
-    if (comm != nullptr) ncclCommAbort(comm);
     SWIFTQK_FAIL(what + ": ncclCommSplit failed: " + ncclGetErrorString(r));
   }
+  // ncclInProgress: the parent is non-blocking (a split follows its parent's blocking mode), and
+  // the split is one of the parent's operations, complete once the parent's state leaves
+  // ncclInProgress. A blocking parent's split has completed when ncclCommSplit returns.
+  while (r == ncclInProgress) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(parent, &state);
+    SWIFTQK_EXPECTS(q == ncclSuccess,
+                    splitting + ": ncclCommGetAsyncError failed: " + ncclGetErrorString(q));
+    if (state == ncclSuccess) break;
+    // The parent is the caller's: it is never aborted here, so a split still running past the
+    // deadline is left to finish (or fail) on its own.
+    SWIFTQK_EXPECTS(state == ncclInProgress,
+                    splitting + ": NCCL reported " + std::string(ncclGetErrorString(state)));
+    SWIFTQK_EXPECTS(std::chrono::steady_clock::now() < deadline,
+                    splitting + ": NCCL did not finish within " + std::to_string(timeout_s) +
+                        " s: a rank did not make the same call, or is late (the split is left "
+                        "running, and the caller's communicator is busy until it ends)");
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  ncclComm_t comm = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
   SWIFTQK_EXPECTS(comm != nullptr, what + ": ncclCommSplit returned no communicator");
-  wait_nccl(comm, deadline, timeout_s, what + " (splitting the exchange's NCCL communicator)");
+  delete slot;  // the split has completed: NCCL writes it no more
+  wait_nccl(comm, deadline, timeout_s, splitting);
   return comm;
 }
 

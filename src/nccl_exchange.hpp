@@ -21,7 +21,10 @@ void wait_nccl(ncclComm_t& comm, std::chrono::steady_clock::time_point deadline,
                const std::string& what);
 
 /// @brief A non-blocking communicator of the same ranks as `parent` (ncclCommSplit, collective
-/// over parent), ready within timeout_s or aborted with an error naming `what`.
+/// over parent), ready within timeout_s or aborted with an error naming `what`. The split takes
+/// the parent's blocking mode: with a non-blocking parent its completion is polled on the
+/// parent, bounded by timeout_s; with a blocking one ncclCommSplit itself waits for every rank,
+/// without a bound.
 ncclComm_t split_nonblocking(ncclComm_t parent, int rank, double timeout_s,
                              const std::string& what);
 

@@ -95,6 +95,7 @@ struct CommState {
   cudaStream_t last_stream = nullptr;
   bool has_last = false;
   cudaEvent_t last_done = nullptr;
+  bool launched = false;  // a launch has begun on this communicator (close_without_barrier)
 
   CommState() = default;
   CommState(const CommState&) = delete;

@@ -165,6 +165,7 @@ bool stream_capturing(cudaStream_t stream) {
 }
 
 void CommState::begin_launch(cudaStream_t stream, bool capturing) {
+  launched = true;  // a capture counts too: its replays run kernels
   // Under capture nothing runs yet, and querying an event would invalidate a capture in global
   // mode (PyTorch's default): the in-flight check applies to eager launches only.
   if (capturing) return;
@@ -369,6 +370,19 @@ void Communicator::close() {
   }
   s.closed = true;
   s.release();
+}
+
+void Communicator::close_without_barrier() {
+  if (!state_ || state_->closed) return;
+  CommState& s = *state_;
+  SWIFTQK_EXPECTS(!s.launched,
+                  "close_without_barrier: communicator rank " + std::to_string(s.rank) +
+                      " has launched, so a peer's kernel may still write into its workspace; "
+                      "close() it, on every rank, instead");
+  // No kernel of the group ran, and every peer's probe has returned (the caller's word): nothing
+  // can write into this workspace, so close() has no peer to wait for.
+  s.p2p = false;
+  close();
 }
 
 int Communicator::rank() const { return state_->rank; }

@@ -84,6 +84,13 @@ class Communicator {
   /// never arrives it throws, and the workspace stays allocated so that the peer's late writes
   /// land in memory nothing else uses. Launches on a closed communicator throw.
   void close();
+  /// @brief close() without the barrier, for a communicator the group decided not to use (a
+  /// rank could not map its peers, or the P2P write test failed, so every rank falls back):
+  /// the peers that fall back never come to close()'s barrier, which would wait out its bound.
+  /// Only valid while no peer can write into this workspace: no kernel of the group was ever
+  /// launched, and every peer's probe_peers() has returned. Throws, closing nothing, if this
+  /// communicator has launched (its peers' kernels may still write into it; use close()).
+  void close_without_barrier();
   /// @brief True once close() has run.
   bool closed() const;
 

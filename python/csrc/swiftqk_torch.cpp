@@ -161,6 +161,8 @@ PYBIND11_MODULE(_C, m) {
       .def("failure", [](PyCommunicator& c) { return c.get().failure().describe(); })
       .def("reset", [](PyCommunicator& c) { translate([&] { c.get().reset(); }); })
       .def("close", [](PyCommunicator& c) { translate([&] { c.get().close(); }); })
+      .def("close_without_barrier",
+           [](PyCommunicator& c) { translate([&] { c.get().close_without_barrier(); }); })
       .def_property_readonly("closed", [](PyCommunicator& c) { return c.get().closed(); })
       .def_property_readonly("failure_code",
                              [](PyCommunicator& c) { return c.get().failure().code; })

@@ -64,6 +64,11 @@ def communicator_from_group(group: Optional[dist.ProcessGroup] = None,
         ok = all(reached)
     if ok:
         return comm
+    if comm is not None:
+        # Dropped, it would close() with a barrier that the peers falling back never meet, and
+        # wait out its bound (2 x timeout_s + 1 s) holding the GIL. No kernel ran on it, and
+        # every rank's probe has returned (the all_gather above), so nothing writes into it.
+        comm.close_without_barrier()
     if not _warned:
         log.warning("swiftqk: no working CUDA P2P in this group (%s); using the all-reduce "
                     "fallback", reason or "another rank failed")

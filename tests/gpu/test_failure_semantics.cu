@@ -384,6 +384,32 @@ TEST(FailureSemantics, CloseNamesAPeerThatNeverComes) {
   EXPECT_NO_THROW(pair.comms[1].close());  // rank 0's barrier word is there: it passes
 }
 
+// Communicators a group decided not to use (as communicator_from_group drops them when it falls
+// back) close without the barrier, at once on each rank; one that has launched is refused, stays
+// open, and closes with close() on every rank (IpcPair's destructor).
+TEST(FailureSemantics, CloseWithoutBarrierWaitsForNoPeerAndRefusesOnceLaunched) {
+  REQUIRE_GPU();
+  CommConfig cfg;
+  cfg.timeout_s = 0.3;
+  {
+    IpcPair unused(cfg);
+    const auto start = Clock::now();
+    EXPECT_NO_THROW(unused.comms[0].close_without_barrier());
+    EXPECT_NO_THROW(unused.comms[1].close_without_barrier());
+    EXPECT_LT(seconds_since(start), 1.0) << "a barrier ran (its bound is 1.6 s)";
+    EXPECT_TRUE(unused.comms[0].closed() && unused.comms[1].closed());
+  }
+  IpcPair pair(cfg);
+  Problem p = Problem::random(8, 2048, 2048, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 28);
+  RankData r1 = make_rank(p, 2, 1, Layout::kSeparate);
+  cudaStream_t s1 = new_stream();
+  launch_qk_norm(pair.comms[1], r1.params, s1);  // rank 0 never calls: a timeout, then it ends
+  EXPECT_THROW(pair.comms[1].synchronize(s1), Error);
+  expect_error([&] { pair.comms[1].close_without_barrier(); }, "has launched");
+  EXPECT_FALSE(pair.comms[1].closed());
+  SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
+}
+
 // A collective reset across in-process ranks after a late peer, then correct calls.
 TEST(FailureSemantics, CollectiveResetAfterALatePeer) {
   REQUIRE_GPU();

@@ -76,13 +76,18 @@ class Communicator {
   /// published before the reset can be taken after it. Bounded by about 2 x timeout_s; throws
   /// naming a rank that never arrived. A group from create_local_group (one caller drives every
   /// rank) resets as a whole: reset() on any of its ranks synchronises their GPUs and clears all.
+  /// Every rank must make the same sequence of reset(), close() and probe_peers() calls: each
+  /// takes its barrier rounds when it starts (reset two, the others one), so a rank that resets
+  /// on its own more often than its peers stays rounds ahead and no later barrier can meet.
   void reset();
 
   /// @brief Collective teardown (DeepEP's destroy()): waits for this rank's kernels, meets every
   /// peer at a barrier bounded by timeout_s (ranks of create_local_group need none), then unmaps
   /// the peers and frees this rank's memory. Idempotent; the destructor calls it. If a peer
   /// never arrives it throws, and the workspace stays allocated so that the peer's late writes
-  /// land in memory nothing else uses. Launches on a closed communicator throw.
+  /// land in memory nothing else uses. Launches on a closed communicator throw. Its barrier
+  /// takes one round, in the same sequence of reset(), close() and probe_peers() calls on every
+  /// rank (see reset()).
   void close();
   /// @brief close() without the barrier, for a communicator the group decided not to use (a
   /// rank could not map its peers, or the P2P write test failed, so every rank falls back):
@@ -96,6 +101,7 @@ class Communicator {
 
   /// @brief Runs a real write test: every rank writes a fresh nonce into each peer's workspace
   /// and waits (bounded by timeout_s) to see all peers' nonces. Collective. True if all arrived.
+  /// Takes one barrier round (see reset()).
   bool probe_peers(cudaStream_t stream);
 
   detail::CommState& state();

@@ -101,11 +101,13 @@ ResetOutcome Comm::Reset(int r, Ms barrier_deadline) {
   const Clock::time_point t0 = Clock::now();
   ResetOutcome o;
   RankState& s = *ranks_[r];
+  // The barriers are numbered when the reset starts, as the code takes its rounds
+  // (reserve_rounds) before it quiesces: a reset that fails anywhere still counts.
+  const int n = ++s.resets;
   if (!Quiesce(r, o)) {
     o.elapsed = between(t0, Clock::now());
     return o;
   }
-  const int n = ++s.resets;
   if (rules_.reset_barriers && !Barrier(r, 2 * n - 1, barrier_deadline, "before", o)) {
     o.elapsed = between(t0, Clock::now());
     return o;

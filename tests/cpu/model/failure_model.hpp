@@ -244,8 +244,8 @@ class Comm {
     std::atomic<uint64_t> fault{0};
     std::atomic<uint64_t> owner{0};  // W
     std::atomic<uint32_t> blocks_done{0};
-    // Host side, outside the workspace (reset does not clear it): barrier arrivals, resets made,
-    // and the kernels launched and not yet joined by a reset.
+    // Host side, outside the workspace (reset does not clear it): barrier arrivals, resets begun
+    // (each numbers its two barriers), and the kernels launched and not yet joined by a reset.
     std::atomic<int> epoch{0};
     int resets = 0;
     std::mutex mu;

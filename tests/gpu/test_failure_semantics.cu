@@ -410,6 +410,25 @@ TEST(FailureSemantics, CloseWithoutBarrierWaitsForNoPeerAndRefusesOnceLaunched) 
   SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
 }
 
+// Twenty calls of both ranks of a pair on fresh inputs (seeds first_seed, ...), every output
+// checked against float64: what a recovered pair must do.
+void expect_correct_calls(IpcPair& pair, Problem& p, RankData& r0, RankData& r1, cudaStream_t s0,
+                          cudaStream_t s1, uint64_t first_seed) {
+  for (int call = 0; call < 20; ++call) {
+    p.refill(first_seed + static_cast<uint64_t>(call));
+    upload_inputs(p, 2, 0, r0, s0);
+    upload_inputs(p, 2, 1, r1, s1);
+    poison(r0, s0);
+    poison(r1, s1);
+    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    launch_qk_norm(pair.comms[0], r0.params, s0);
+    launch_qk_norm(pair.comms[1], r1.params, s1);
+    pair.comms[0].synchronize(s0);
+    pair.comms[1].synchronize(s1);
+    ASSERT_EQ(check_ranks(p, 2, {&r0, &r1}).wrong, 0) << "call " << call;
+  }
+}
+
 // A collective reset across in-process ranks after a late peer, then correct calls.
 TEST(FailureSemantics, CollectiveResetAfterALatePeer) {
   REQUIRE_GPU();
@@ -426,19 +445,7 @@ TEST(FailureSemantics, CollectiveResetAfterALatePeer) {
   std::thread other([&] { pair.comms[1].reset(); });
   pair.comms[0].reset();
   other.join();
-  for (int call = 0; call < 20; ++call) {
-    p.refill(900 + call);
-    upload_inputs(p, 2, 0, r0, s0);
-    upload_inputs(p, 2, 1, r1, s1);
-    poison(r0, s0);
-    poison(r1, s1);
-    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
-    launch_qk_norm(pair.comms[0], r0.params, s0);
-    launch_qk_norm(pair.comms[1], r1.params, s1);
-    pair.comms[0].synchronize(s0);
-    pair.comms[1].synchronize(s1);
-    ASSERT_EQ(check_ranks(p, 2, {&r0, &r1}).wrong, 0) << "call " << call;
-  }
+  expect_correct_calls(pair, p, r0, r1, s0, s1, 900);
   std::thread closer([&] { pair.comms[1].close(); });
   pair.comms[0].close();
   closer.join();
@@ -464,19 +471,7 @@ TEST(FailureSemantics, AResetAfterResetsThatFailedAtTheirBarriersRecovers) {
   std::thread other([&] { pair.comms[1].reset(); });
   EXPECT_NO_THROW(pair.comms[0].reset());
   other.join();
-  for (int call = 0; call < 20; ++call) {
-    p.refill(700 + call);
-    upload_inputs(p, 2, 0, r0, s0);
-    upload_inputs(p, 2, 1, r1, s1);
-    poison(r0, s0);
-    poison(r1, s1);
-    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
-    launch_qk_norm(pair.comms[0], r0.params, s0);
-    launch_qk_norm(pair.comms[1], r1.params, s1);
-    pair.comms[0].synchronize(s0);
-    pair.comms[1].synchronize(s1);
-    ASSERT_EQ(check_ranks(p, 2, {&r0, &r1}).wrong, 0) << "call " << call;
-  }
+  expect_correct_calls(pair, p, r0, r1, s0, s1, 700);
   SWIFTQK_CUDA_TRY(cudaStreamDestroy(s0));
   SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
 }

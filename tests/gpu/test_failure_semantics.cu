@@ -445,7 +445,7 @@ TEST(FailureSemantics, CollectiveResetAfterALatePeer) {
   std::thread other([&] { pair.comms[1].reset(); });
   pair.comms[0].reset();
   other.join();
-  expect_correct_calls(pair, p, r0, r1, s0, s1, 900);
+  ASSERT_NO_FATAL_FAILURE(expect_correct_calls(pair, p, r0, r1, s0, s1, 900));
   std::thread closer([&] { pair.comms[1].close(); });
   pair.comms[0].close();
   closer.join();
@@ -471,7 +471,7 @@ TEST(FailureSemantics, AResetAfterResetsThatFailedAtTheirBarriersRecovers) {
   std::thread other([&] { pair.comms[1].reset(); });
   EXPECT_NO_THROW(pair.comms[0].reset());
   other.join();
-  expect_correct_calls(pair, p, r0, r1, s0, s1, 700);
+  ASSERT_NO_FATAL_FAILURE(expect_correct_calls(pair, p, r0, r1, s0, s1, 700));
   SWIFTQK_CUDA_TRY(cudaStreamDestroy(s0));
   SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
 }

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "failure_helpers.hpp"
 #include "problem.hpp"
 #include "rendezvous.hpp"
 
@@ -30,12 +31,6 @@ using namespace swiftqk;
 using namespace swiftqk::testing;
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 

@@ -8,59 +8,18 @@
 #include <string>
 #include <vector>
 
+#include "epilogue_group.hpp"
 #include "epilogue_problem.hpp"
 #include "expect_error.hpp"
 
 namespace swiftqk::testing {
 namespace {
 
-struct Group {
-  std::vector<Communicator> comms;
-  std::vector<Communicator*> ptrs;
-  Group(int world, const CommConfig& config = {}) {
-    comms = Communicator::create_local_group(std::vector<int>(world, 0), config);
-    for (auto& c : comms) ptrs.push_back(&c);
-  }
-};
-
-struct Ranks {
-  std::vector<EpilogueRank> d;
-  std::vector<CacheSnapshot> before;
-  std::vector<QkEpilogueParams> params() const {
-    std::vector<QkEpilogueParams> p;
-    for (const auto& r : d) p.push_back(r.params);
-    return p;
-  }
-};
-
-Ranks make_ranks(const EpilogueHost& h, int world, uint64_t seed) {
-  Ranks r;
-  for (int i = 0; i < world; ++i) {
-    r.d.push_back(make_epilogue_rank(h, world, i));
-    poison_epilogue(r.d.back(), seed + i, nullptr);
-    r.before.push_back(snapshot_caches(r.d.back()));
-  }
-  return r;
-}
-
-void expect_ranks_correct(const EpilogueHost& h, int world, const Ranks& r,
-                          const std::vector<int64_t>& bad = {}) {
-  const ref::EpilogueExpected gold = ref::epilogue_fp64(h.ref);
-  for (int i = 0; i < world; ++i) {
-    const EpilogueCheck c = check_epilogue_rank(h, gold, world, i, r.d[i], r.before[i], bad);
-    EXPECT_TRUE(c.ok()) << h.s.name() << " TP " << world << " rank " << i << ": Q " << c.q_wrong
-                        << ", K " << c.k_wrong << ", V " << c.v_wrong << ", k_out " << c.k_out_wrong
-                        << " wrong, " << c.cache_changed
-                        << " other cache bytes changed; first: " << c.first_error;
-    EXPECT_GT(c.checked, 0);
-  }
-}
-
 // One call of every rank in one launch; no error may be recorded.
 void run_once(const EpilogueSetup& s, int world) {
   const EpilogueHost h = EpilogueHost::random(s);
-  Group g(world);
-  Ranks r = make_ranks(h, world, s.seed * 31);
+  EpilogueGroup g(world);
+  EpilogueRanks r = make_ranks(h, world, s.seed * 31);
   launch_qk_epilogue_group(g.ptrs, r.params(), nullptr);
   SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
   for (auto& c : g.comms) c.check_error();
@@ -177,8 +136,8 @@ TEST(Epilogue, ChunkedBeyondTheWorkspaceCapacity) {
   config.token_capacity = 64;
   config.chunk_oversize = true;
   const EpilogueHost h = EpilogueHost::random(setup_of(kModels[0], 300, 1500));
-  Group g(2, config);
-  Ranks r = make_ranks(h, 2, 1501);
+  EpilogueGroup g(2, config);
+  EpilogueRanks r = make_ranks(h, 2, 1501);
   launch_qk_epilogue_group(g.ptrs, r.params(), nullptr);
   SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
   for (auto& c : g.comms) c.check_error();
@@ -212,8 +171,8 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
       const EpilogueHost h = EpilogueHost::random(s);
       const ref::EpilogueExpected gold = ref::epilogue_fp64(h.ref);
       auto run = [&](const EpilogueTuning& t) {
-        Group g(world);
-        Ranks r = make_ranks(h, world, s.seed * 31);
+        EpilogueGroup g(world);
+        EpilogueRanks r = make_ranks(h, world, s.seed * 31);
         std::vector<QkEpilogueParams> p = r.params();
         for (QkEpilogueParams& e : p) e.tuning = t;
         launch_qk_epilogue_group(g.ptrs, p, nullptr);
@@ -245,8 +204,8 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
                          std::to_string(threads) + " stages " + std::to_string(stages) + " defer " +
                          std::to_string(defer));
             if (world == 1 && defer > 0) {  // nothing exchanged, nothing to defer: refused
-              Group g(world);
-              Ranks r = make_ranks(h, world, s.seed * 31);
+              EpilogueGroup g(world);
+              EpilogueRanks r = make_ranks(h, world, s.seed * 31);
               const std::vector<uint8_t> before = output_bytes(r.d[0]);
               std::vector<QkEpilogueParams> p = r.params();
               p[0].tuning = t;
@@ -275,12 +234,12 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
 TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   const int world = 4;
-  Group g(world);
+  EpilogueGroup g(world);
   cudaStream_t st;
   SWIFTQK_CUDA_TRY(cudaStreamCreate(&st));
   for (int64_t tokens : {1, 64, 513}) {
     EpilogueHost h = EpilogueHost::random(setup_of(kModels[2], tokens, 1600 + tokens));
-    Ranks r = make_ranks(h, world, 1700 + tokens);
+    EpilogueRanks r = make_ranks(h, world, 1700 + tokens);
     const std::vector<QkEpilogueParams> params = r.params();
     cudaGraphExec_t ge = capture_graph(st, [&] { launch_qk_epilogue_group(g.ptrs, params, st); });
     for (int replay = 0; replay < 3; ++replay) {
@@ -315,8 +274,8 @@ void bad_value_case(bool position, int world) {
     bad_value = h.cache_slots() + 5;
     h.slots[bad_token] = bad_value;
   }
-  Group g(world);
-  Ranks r = make_ranks(h, world, 2100);
+  EpilogueGroup g(world);
+  EpilogueRanks r = make_ranks(h, world, 2100);
   launch_qk_epilogue_group(g.ptrs, r.params(), nullptr);
   SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
   expect_ranks_correct(h, world, r, {bad_token});
@@ -375,8 +334,8 @@ TEST(Epilogue, BadSlotIsRaisedAndWritesNothingOfThatToken) {
 TEST(Epilogue, BadParamsThrowAndWriteNothing) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   const EpilogueHost h = EpilogueHost::random(setup_of(kModels[0], 20, 2400));
-  Group g(2);
-  Ranks r = make_ranks(h, 2, 2401);
+  EpilogueGroup g(2);
+  EpilogueRanks r = make_ranks(h, 2, 2401);
   std::vector<QkEpilogueParams> p = r.params();
   p[1].rope.rotary_dim = 127;
   expect_error([&] { launch_qk_epilogue_group(g.ptrs, p, nullptr); }, {"rotary_dim"});
@@ -396,8 +355,8 @@ TEST(Epilogue, BadParamsThrowAndWriteNothing) {
 TEST(Epilogue, CheckCatchesAWrongRotationAndAStrayCacheWrite) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   const EpilogueHost h = EpilogueHost::random(setup_of(kModels[0], 40, 2500));
-  Group g(1);
-  Ranks r = make_ranks(h, 1, 2501);
+  EpilogueGroup g(1);
+  EpilogueRanks r = make_ranks(h, 1, 2501);
   launch_qk_epilogue_group(g.ptrs, r.params(), nullptr);
   SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
   g.comms[0].check_error();

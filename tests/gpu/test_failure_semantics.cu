@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "expect_error.hpp"
+#include "failure_helpers.hpp"
 #include "problem.hpp"
 
 namespace swiftqk::testing {
@@ -25,27 +26,6 @@ namespace {
 
 #define REQUIRE_GPU() \
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-cudaStream_t new_stream() {
-  cudaStream_t s;
-  SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return s;
-}
-
-// What check_error() raised, or "" if it raised nothing.
-std::string error_of(const Communicator& c) {
-  try {
-    c.check_error();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // The whole output buffer (both shards and rstd) as bytes, for bitwise comparisons.
 std::vector<uint8_t> output_bytes(const RankData& d) {

@@ -80,10 +80,19 @@ struct CacheSnapshot {
 };
 CacheSnapshot snapshot_caches(const EpilogueRank& d);
 
+/// What a call may have left. kCorrect: every output right. kCorrectOrFailed (a call of a
+/// failed group): each element of Q and k_out right or NaN, and each cache element at the call's
+/// slots right or as it was before the call (a token the kernel did not finish writes no K; its
+/// V, copied before the exchange, may be written); finite wrong values and stray cache bytes are
+/// errors either way.
+enum class EpilogueExpect { kCorrect, kCorrectOrFailed };
+
 struct EpilogueCheck {
   int64_t q_wrong = 0, k_wrong = 0, v_wrong = 0, k_out_wrong = 0;
   int64_t cache_changed = 0;  ///< bytes changed outside the call's valid slots
   int64_t checked = 0;        ///< elements compared
+  int64_t q_nan = 0;          ///< kCorrectOrFailed: Q elements that are NaN
+  int64_t k_unwritten = 0;    ///< kCorrectOrFailed: K cache elements left as they were
   std::string first_error;
   bool ok() const {
     return q_wrong == 0 && k_wrong == 0 && v_wrong == 0 && k_out_wrong == 0 && cache_changed == 0;
@@ -100,6 +109,7 @@ EpilogueCheck check_epilogue_rank(const EpilogueHost& h, const ref::EpilogueExpe
                                   int world, int rank, const EpilogueRank& d,
                                   const CacheSnapshot& before,
                                   const std::vector<int64_t>& bad_tokens = {},
-                                  double roundings = 1.0);
+                                  double roundings = 1.0,
+                                  EpilogueExpect expect = EpilogueExpect::kCorrect);
 
 }  // namespace swiftqk::testing

@@ -3,9 +3,9 @@
 # virtual ranks on one GPU; with several GPUs also one process per GPU against the baselines).
 # Without a GPU it says so and runs the float64 reference self-check.
 # Extra arguments go to the benchmark on every machine (a bad one stops it with a message).
-# Results: results/latest.json and latest_epilogue.json (latest_procs.json with several GPUs,
-# latest_torch.json when PyTorch is there; on an H200 compare_baseline.md, the run against
-# bench/baselines/h200.json), in the git-ignored folder results/.
+# Results: results/latest.json, latest_epilogue.json and latest_faults.json (latest_procs.json
+# with several GPUs, latest_torch.json when PyTorch is there; on an H200 compare_baseline.md, the
+# run against bench/baselines/h200.json), in the git-ignored folder results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -22,6 +22,8 @@ mkdir -p results
 # The arguments are checked (and the run stops on a bad one) before the GPU tests take minutes.
 ./build/bench/swiftqk_bench "$@" --list-models >/dev/null
 ./build/tests/swiftqk_gpu_tests --gtest_brief=1
+# The failure scenarios: what the caller sees, how fast, and every output classified.
+./build/bench/swiftqk_fault_report --json results/latest_faults.json
 ./build/bench/swiftqk_bench --commit "$commit" --json results/latest.json "$@"
 # Virtual ranks against their own TP 1: the scaling targets, counted (docs/performance.md).
 python3 bench/tp_scaling_table.py --summary "virtual ranks=results/latest.json"

@@ -310,6 +310,8 @@ void unbounded_timeout(std::vector<Row>& rows) {
 }
 
 // The fused epilogue: a bad position and a bad slot found on the device (TP 2), and a late peer.
+// Correct and NaN count Q's elements; wrong counts every wrong element of Q, k_out, K and V in
+// the cache, and every cache byte changed outside the call's slots.
 void epilogue(std::vector<Row>& rows) {
   for (int kind = 0; kind < 3; ++kind) {
     CommConfig cfg;
@@ -326,12 +328,15 @@ void epilogue(std::vector<Row>& rows) {
     Row r;
     if (kind == 0) {
       h.ref.positions[bad] = st.max_position;
-      r = row("epilogue: position out of range", "token 17's position = max_position");
+      r = row("epilogue: position out of range (Q elements counted)",
+              "token 17's position = max_position");
     } else if (kind == 1) {
       h.slots[bad] = h.cache_slots() + 5;
-      r = row("epilogue: slot out of range", "token 17's slot = the cache's slots + 5");
+      r = row("epilogue: slot out of range (Q elements counted)",
+              "token 17's slot = the cache's slots + 5");
     } else {
-      r = row("epilogue: late peer", "rank 1 makes no call; rank 0 calls (timeout 1 s)");
+      r = row("epilogue: late peer (Q elements counted)",
+              "rank 1 makes no call; rank 0 calls (timeout 1 s)");
     }
     std::vector<EpilogueRank> d;
     std::vector<CacheSnapshot> before;

@@ -160,6 +160,11 @@ std::vector<Case> odd_cases() {
   v.push_back({4, 37, 4100, 12, DType::kF32, NormOrder::kLlama});
   v.push_back({3, 21, 3 * 129, 3 * 7, DType::kF16, NormOrder::kOlmo2});
   v.push_back({1, 9, 40000, 1000, DType::kBF16, NormOrder::kOlmo2});  // streaming path
+  // Streamed rows alone in 16-byte vectors of every 16- and 32-bit dtype (past the 64 KB staged
+  // alone), whose vector counts leave a ragged last batch; in place too.
+  v.push_back({1, 37, 11648, 7840, DType::kF32, NormOrder::kLlama});
+  v.push_back({1, 13, 16384, 4100, DType::kF32, NormOrder::kOlmo2, Layout::kFusedInPlace});
+  v.push_back({1, 21, 30000, 6008, DType::kF16, NormOrder::kOlmo2});
   // Rows of about 270 8- or 4-byte vectors with peers, in launches of 4096 tokens or more: 8
   // vectors a thread (kNarrowEightMaxVectors), 64-thread groups.
   v.push_back({8, 4100, 3280, 1040, DType::kBF16, NormOrder::kOlmo2});    // 4-byte vectors

@@ -23,6 +23,7 @@
 #include "epilogue_problem.hpp"
 #include "failure_helpers.hpp"
 #include "problem.hpp"
+#include "sm_hog.hpp"
 
 namespace swiftqk::bench {
 namespace {
@@ -311,6 +312,69 @@ void teardown(std::vector<Row>& rows) {
   }
 }
 
+// Beside a kernel that holds SMs on another stream: with CommConfig.sm_budget leaving them
+// alone, a TP-4 group launch completes while that kernel still runs; without a budget, with
+// half the SMs held, the launch completes or fails loudly (NaN and an error), never wrong.
+void beside_a_kernel_that_holds_sms(std::vector<Row>& rows) {
+  int sms = 0;
+  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (const bool budget : {true, false}) {
+    CommConfig cfg;
+    const int free_sms = 12;
+    if (budget) cfg.sm_budget = free_sms / 2;  // head-room: blocks land on any free SM
+    cfg.timeout_s = budget ? 10.0 : 0.2;
+    const int world = budget ? 4 : 2;
+    auto comms = Communicator::create_local_group(std::vector<int>(world, 0), cfg);
+    std::vector<Communicator*> cp;
+    for (auto& c : comms) cp.push_back(&c);
+    Problem p = Problem::random(budget ? 512 : 8192, kQ, kK, DType::kBF16, NormOrder::kOlmo2, 1e-6f,
+                                budget ? 61 : 62);
+    std::vector<RankData> ranks;
+    std::vector<QkNormParams> params;
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(make_rank(p, world, r, Layout::kSeparate));
+      poison(ranks.back(), nullptr);
+      params.push_back(ranks.back().params);
+    }
+    cudaStream_t hog = new_stream(), s = new_stream();
+    cudaEvent_t hog_done;
+    SWIFTQK_CUDA_TRY(cudaEventCreate(&hog_done));
+    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    Row r = budget ? row("beside a kernel holding SMs, with a budget",
+                         "SMs - 12 held for 2 s; TP 4, sm_budget 6")
+                   : row("beside a kernel holding SMs, no budget",
+                         "half the SMs held for 1.5 s; TP 2 of 8192 tokens, timeout 0.2 s");
+    launch_sm_hog(budget ? sms - free_sms : sms / 2, budget ? 2'000'000'000 : 1'500'000'000, hog);
+    SWIFTQK_CUDA_TRY(cudaEventRecord(hog_done, hog));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the hog is resident first
+    const auto start = Clock::now();
+    launch_qk_norm_group(cp, params, s);
+    SWIFTQK_CUDA_TRY(cudaStreamSynchronize(s));
+    r.seconds = seconds_since(start);
+    const bool hog_running = cudaEventQuery(hog_done) == cudaErrorNotReady;
+    SWIFTQK_CUDA_TRY(cudaEventSynchronize(hog_done));
+    (void)cudaGetLastError();  // the query's not-ready
+    bool failed = false;
+    for (int i = 0; i < world; ++i) {
+      add(r, census_rank(p, world, i, ranks[i]));
+      failed = failed || comms[i].failure().code != 0;
+    }
+    if (failed) {
+      r.saw = "failed loudly: " +
+              first_line(error_of(comms[0]).empty() ? error_of(comms[1]) : error_of(comms[0]));
+    } else {
+      r.saw = std::string("completed") + (hog_running ? " while the SMs were held" : " after");
+    }
+    // With a budget the call must complete beside the hog; without, complete or fail loudly,
+    // NaN exactly when a failure was recorded.
+    r.ok = r.wrong == 0 && (r.nan > 0) == failed && (budget ? !failed && hog_running : true);
+    rows.push_back(r);
+    SWIFTQK_CUDA_TRY(cudaEventDestroy(hog_done));
+    SWIFTQK_CUDA_TRY(cudaStreamDestroy(hog));
+    SWIFTQK_CUDA_TRY(cudaStreamDestroy(s));
+  }
+}
+
 void unbounded_timeout(std::vector<Row>& rows) {
   CommConfig cfg;
   cfg.timeout_s = std::numeric_limits<double>::infinity();
@@ -420,6 +484,7 @@ int main(int argc, char** argv) {
     late_peer_and_recovery(rows);
     two_replays_at_once(rows);
     teardown(rows);
+    beside_a_kernel_that_holds_sms(rows);
     unbounded_timeout(rows);
     epilogue(rows);
   } catch (const std::exception& e) {

@@ -8,12 +8,10 @@
 // test_epilogue_failures.cpp) assert the same behaviour.
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <limits>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -24,6 +22,7 @@
 #include "failure_helpers.hpp"
 #include "problem.hpp"
 #include "sm_hog.hpp"
+#include "stream_gate.hpp"
 
 namespace swiftqk::bench {
 namespace {
@@ -167,23 +166,6 @@ void late_peer_and_recovery(std::vector<Row>& rows) {
   SWIFTQK_CUDA_TRY(cudaStreamDestroy(s));
   SWIFTQK_CUDA_TRY(cudaStreamDestroy(s1));
 }
-
-// Holds both streams until released, so that the two replays start together.
-struct Gate {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = false;
-  static void CUDART_CB wait(void* self) {
-    Gate* g = static_cast<Gate*>(self);
-    std::unique_lock<std::mutex> lock(g->mu);
-    g->cv.wait(lock, [g] { return g->open; });
-  }
-  void release() {
-    std::lock_guard<std::mutex> lock(mu);
-    open = true;
-    cv.notify_all();
-  }
-};
 
 // Two graphs of one communicator pair replayed at once on two streams, each within half the SMs,
 // on different inputs; five attempts, a reset after each.

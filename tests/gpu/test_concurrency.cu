@@ -9,26 +9,15 @@
 #include <thread>
 
 #include "problem.hpp"
+#include "sm_hog.hpp"
 
 namespace swiftqk::testing {
 namespace {
 
-// Holds one SM per block (its shared memory makes the block exclusive) for `ns` nanoseconds.
-__global__ void hog_kernel(uint64_t ns) {
-  extern __shared__ char smem[];
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    if (threadIdx.x == 0) smem[0] = static_cast<char>(now);
-  } while (now - start < ns);
-}
-
 TEST(Concurrency, SmBudgetLetsTheKernelRunBesideAHog) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
-  int sms = 0, smem = 0;
+  int sms = 0;
   SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
   const int free_sms = 12;
   CommConfig cfg;
   cfg.sm_budget = free_sms / 2;  // head-room: the budget is a count, blocks land anywhere free
@@ -44,16 +33,13 @@ TEST(Concurrency, SmBudgetLetsTheKernelRunBesideAHog) {
     poison(ranks.back(), nullptr);
     pp.push_back(ranks.back().params);
   }
-  SWIFTQK_CUDA_TRY(
-      cudaFuncSetAttribute(hog_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaStream_t hog_stream, s;
   SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&hog_stream, cudaStreamNonBlocking));
   SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaEvent_t hog_done, ours_done;
   SWIFTQK_CUDA_TRY(cudaEventCreate(&hog_done));
   SWIFTQK_CUDA_TRY(cudaEventCreate(&ours_done));
-  hog_kernel<<<sms - free_sms, 32, smem, hog_stream>>>(uint64_t{2'000'000'000});  // 2 s
-  SWIFTQK_CUDA_TRY(cudaGetLastError());
+  launch_sm_hog(sms - free_sms, uint64_t{2'000'000'000}, hog_stream);  // 2 s
   SWIFTQK_CUDA_TRY(cudaEventRecord(hog_done, hog_stream));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the hog is resident first
   launch_qk_norm_group(cp, pp, s);
@@ -78,9 +64,8 @@ TEST(Concurrency, SmBudgetLetsTheKernelRunBesideAHog) {
 // completes correctly after it. Either way no element is finite and wrong.
 TEST(Concurrency, WithoutABudgetAHogMakesTheCallFailLoudlyNotWrong) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
-  int sms = 0, smem = 0;
+  int sms = 0;
   SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
   CommConfig cfg;
   cfg.timeout_s = 0.2;
   auto comms = Communicator::create_local_group({0, 0}, cfg);
@@ -89,15 +74,12 @@ TEST(Concurrency, WithoutABudgetAHogMakesTheCallFailLoudlyNotWrong) {
   RankData r0 = make_rank(p, 2, 0, Layout::kSeparate), r1 = make_rank(p, 2, 1, Layout::kSeparate);
   poison(r0, nullptr);
   poison(r1, nullptr);
-  SWIFTQK_CUDA_TRY(
-      cudaFuncSetAttribute(hog_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaStream_t hog_stream, s;
   SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&hog_stream, cudaStreamNonBlocking));
   SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
   const auto start = std::chrono::steady_clock::now();
-  hog_kernel<<<sms / 2, 32, smem, hog_stream>>>(uint64_t{1'500'000'000});
-  SWIFTQK_CUDA_TRY(cudaGetLastError());
+  launch_sm_hog(sms / 2, uint64_t{1'500'000'000}, hog_stream);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   launch_qk_norm_group(cp, {r0.params, r1.params}, s);
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);

@@ -7,11 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -20,6 +18,7 @@
 #include "expect_error.hpp"
 #include "failure_helpers.hpp"
 #include "problem.hpp"
+#include "stream_gate.hpp"
 
 namespace swiftqk::testing {
 namespace {
@@ -155,23 +154,6 @@ TEST(FailureSemantics, ReplaysAfterAFailureAreNaNAndResetRecovers) {
   SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(before));
   SWIFTQK_CUDA_TRY(cudaStreamDestroy(s));
 }
-
-// Holds both streams until released, so two graph replays start together.
-struct Gate {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = false;
-  static void CUDART_CB wait(void* self) {
-    Gate* g = static_cast<Gate*>(self);
-    std::unique_lock<std::mutex> lock(g->mu);
-    g->cv.wait(lock, [g] { return g->open; });
-  }
-  void release() {
-    std::lock_guard<std::mutex> lock(mu);
-    open = true;
-    cv.notify_all();
-  }
-};
 
 // Two graphs of the same communicators replayed at once on two streams (each within half the
 // SMs, so both are resident together): the device catches the second kernel, the outputs are

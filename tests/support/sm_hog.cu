@@ -2,7 +2,7 @@
 #include "cuda_check.hpp"
 #include "sm_hog.hpp"
 
-namespace swiftqk::bench {
+namespace swiftqk::testing {
 
 namespace {
 
@@ -28,4 +28,4 @@ void launch_sm_hog(int blocks, uint64_t ns, cudaStream_t stream) {
   SWIFTQK_CUDA_TRY(cudaGetLastError());
 }
 
-}  // namespace swiftqk::bench
+}  // namespace swiftqk::testing

@@ -144,19 +144,14 @@ void late_peer_and_recovery(std::vector<Row>& rows) {
   SWIFTQK_CUDA_TRY(cudaStreamSynchronize(s));
   add(e, census_rank(p, 2, 0, r0));
   add(e, census_rank(p, 2, 1, r1));
-  const auto bytes = [](const RankData& d) {
-    std::vector<uint8_t> b(d.out.bytes());
-    SWIFTQK_CUDA_TRY(cudaMemcpy(b.data(), d.out.get(), b.size(), cudaMemcpyDeviceToHost));
-    return b;
-  };
-  const std::vector<uint8_t> want0 = bytes(r0), want1 = bytes(r1);
+  const std::vector<uint8_t> want0 = output_bytes(r0), want1 = output_bytes(r1);
   int64_t mismatched = 0;
   for (int i = 0; i < 1000; ++i) {
     poison(r0, s);
     poison(r1, s);
     SWIFTQK_CUDA_TRY(cudaGraphLaunch(before, s));
     SWIFTQK_CUDA_TRY(cudaStreamSynchronize(s));
-    if (bytes(r0) != want0 || bytes(r1) != want1) ++mismatched;
+    if (output_bytes(r0) != want0 || output_bytes(r1) != want1) ++mismatched;
   }
   e.saw = std::to_string(1000 - mismatched) + " of 1000 replays equal to the checked call";
   e.wrong += mismatched;
@@ -197,18 +192,10 @@ void two_replays_at_once(std::vector<Row>& rows) {
   for (int it = 0; it < 5; ++it) {
     for (RankData* d : {&a0, &a1, &b0, &b1}) poison(*d, nullptr);
     SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
-    Gate gate;
-    SWIFTQK_CUDA_TRY(cudaLaunchHostFunc(sg, &Gate::wait, &gate));
-    SWIFTQK_CUDA_TRY(cudaEventRecord(opened, sg));
-    SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(sa, opened, 0));
-    SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(sb, opened, 0));
-    SWIFTQK_CUDA_TRY(cudaGraphLaunch(ga, sa));
-    SWIFTQK_CUDA_TRY(cudaGraphLaunch(gb, sb));
-    const auto start = Clock::now();
-    gate.release();
-    SWIFTQK_CUDA_TRY(cudaStreamSynchronize(sa));
-    SWIFTQK_CUDA_TRY(cudaStreamSynchronize(sb));
-    const double secs = seconds_since(start);
+    const Together run = replay_together(ga, sa, gb, sb, sg, opened);
+    SWIFTQK_CUDA_TRY(run.a);
+    SWIFTQK_CUDA_TRY(run.b);
+    const double secs = run.seconds;
     const int64_t nan_before = r.nan;
     add(r, census_rank(pa, 2, 0, a0));
     add(r, census_rank(pa, 2, 1, a1));

@@ -26,16 +26,6 @@ namespace {
 #define REQUIRE_GPU() \
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
 
-// The whole output buffer (both shards and rstd) as bytes, for bitwise comparisons.
-std::vector<uint8_t> output_bytes(const RankData& d) {
-  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
-  std::vector<uint8_t> b(d.out.bytes() + d.rstd.bytes());
-  SWIFTQK_CUDA_TRY(cudaMemcpy(b.data(), d.out.get(), d.out.bytes(), cudaMemcpyDeviceToHost));
-  SWIFTQK_CUDA_TRY(
-      cudaMemcpy(b.data() + d.out.bytes(), d.rstd.get(), d.rstd.bytes(), cudaMemcpyDeviceToHost));
-  return b;
-}
-
 // A late peer: rank 0 times out alone, then rank 1 calls. Rank 0's error names rank 1 and a
 // token; rank 1 stops at once (it does not wait out its own timeout) and names rank 0; both
 // outputs are NaN, in place included (the inputs are lost, as documented).
@@ -185,16 +175,9 @@ TEST(FailureSemantics, TwoReplaysAtOnceAreCaughtNotMixed) {
   for (int it = 0; it < 5; ++it) {
     for (RankData* d : {&a0, &a1, &b0, &b1}) poison(*d, nullptr);
     SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
-    Gate gate;
-    SWIFTQK_CUDA_TRY(cudaLaunchHostFunc(sg, &Gate::wait, &gate));
-    SWIFTQK_CUDA_TRY(cudaEventRecord(opened, sg));
-    SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(sa, opened, 0));
-    SWIFTQK_CUDA_TRY(cudaStreamWaitEvent(sb, opened, 0));
-    SWIFTQK_CUDA_TRY(cudaGraphLaunch(ga, sa));
-    SWIFTQK_CUDA_TRY(cudaGraphLaunch(gb, sb));
-    gate.release();
-    EXPECT_EQ(cudaStreamSynchronize(sa), cudaSuccess);
-    EXPECT_EQ(cudaStreamSynchronize(sb), cudaSuccess);
+    const Together run = replay_together(ga, sa, gb, sb, sg, opened);
+    EXPECT_EQ(run.a, cudaSuccess);
+    EXPECT_EQ(run.b, cudaSuccess);
     int64_t nan = 0;
     for (auto [d, r, pr] : {std::tuple{&a0, 0, &p}, {&a1, 1, &p}, {&b0, 0, &pb}, {&b1, 1, &pb}}) {
       const Census c = census_rank(*pr, 2, r, *d);

@@ -1,13 +1,17 @@
 // What the failure-path tests share: a wall clock for bounds on how fast an error comes, a
-// non-blocking stream, and the text a communicator's check_error() raises.
+// non-blocking stream, the text a communicator's check_error() raises, and a rank's outputs as
+// bytes for bitwise comparisons.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cuda_check.hpp"
+#include "problem.hpp"
 #include "swiftqk/communicator.hpp"
 #include "swiftqk/error.hpp"
 
@@ -33,6 +37,16 @@ inline std::string error_of(const Communicator& c) {
     return e.what();
   }
   return "";
+}
+
+/// The whole output buffer (both shards and rstd) as bytes, after the device has finished.
+inline std::vector<uint8_t> output_bytes(const RankData& d) {
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  std::vector<uint8_t> b(d.out.bytes() + d.rstd.bytes());
+  SWIFTQK_CUDA_TRY(cudaMemcpy(b.data(), d.out.get(), d.out.bytes(), cudaMemcpyDeviceToHost));
+  SWIFTQK_CUDA_TRY(
+      cudaMemcpy(b.data() + d.out.bytes(), d.rstd.get(), d.rstd.bytes(), cudaMemcpyDeviceToHost));
+  return b;
 }
 
 }  // namespace swiftqk::testing

@@ -145,6 +145,13 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
   using Tout = typename OutputOf<Tin>::type;
   using InVec = Vec<Tin, VEC>;
   using OutVec = Vec<Tout, VEC>;
+  // Streamed rows (VPT == 0): vectors a thread loads before it uses the first (phase A; phase C
+  // loads weights too), so that several loads are in flight.
+  // Alone only, and not for fp8 inputs (whose outputs are twice their bytes): elsewhere the
+  // batch does not fit the register caps (ptxas spilled 32-560 bytes).
+  constexpr bool kBatchFits = kAlone && sizeof(Tout) <= sizeof(Tin);
+  constexpr int kStreamBatch = kBatchFits ? (sizeof(InVec) >= 8 ? 4 : 8) : 1;
+  constexpr int kStreamBatchC = kBatchFits ? (sizeof(InVec) >= 8 ? 2 : 4) : 1;
   constexpr int kVecBytes = static_cast<int>(sizeof(InVec));
   static_assert(VPT == 0 || kVecBytes == 16 || kVecBytes == 8 || kVecBytes == 4,
                 "staging moves 16-, 8- or 4-byte vectors");
@@ -405,8 +412,20 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
                                sq, sk);
         }
       } else {
-        for (int i = gt; i < n; i += G) {
-          accumulate<Tin, VEC>(load_vec(row_vec<Tin, VEC>(ra, t, i, nq)), i < nq, sq, sk);
+        // kStreamBatch vectors a thread in flight: their loads first, then their sums in the
+        // order of i (the bits of one at a time).
+        for (int i0 = gt; i0 < n; i0 += kStreamBatch * G) {
+          InVec x[kStreamBatch];
+#pragma unroll
+          for (int u = 0; u < kStreamBatch; ++u) {
+            const int i = i0 + u * G;
+            if (i < n) x[u] = load_vec(row_vec<Tin, VEC>(ra, t, i, nq));
+          }
+#pragma unroll
+          for (int u = 0; u < kStreamBatch; ++u) {
+            const int i = i0 + u * G;
+            if (i < n) accumulate<Tin, VEC>(x[u], i < nq, sq, sk);
+          }
         }
       }
     }
@@ -539,10 +558,24 @@ __global__ void __launch_bounds__(1024) __maxnreg__(max_regs(kAlone, VPT, kDetLa
           }
         }
       } else {
-        for (int i = gt; i < n; i += G) {
-          write_output<Tin, Tout, VEC, kOlmo2>(ra, tw, i, nq,
-                                               load_vec(row_vec<Tin, VEC>(ra, tw, i, nq)),
-                                               load_vec(weight_vec<Tout, VEC>(ra, i, nq)), rs);
+        // As in phase A: the batch's loads, then its stores (each thread writes only the
+        // vectors it read, so in place is safe).
+        for (int i0 = gt; i0 < n; i0 += kStreamBatchC * G) {
+          InVec x[kStreamBatchC];
+          OutVec w[kStreamBatchC];
+#pragma unroll
+          for (int u = 0; u < kStreamBatchC; ++u) {
+            const int i = i0 + u * G;
+            if (i < n) {
+              x[u] = load_vec(row_vec<Tin, VEC>(ra, tw, i, nq));
+              w[u] = load_vec(weight_vec<Tout, VEC>(ra, i, nq));
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kStreamBatchC; ++u) {
+            const int i = i0 + u * G;
+            if (i < n) write_output<Tin, Tout, VEC, kOlmo2>(ra, tw, i, nq, x[u], w[u], rs);
+          }
         }
       }
     }

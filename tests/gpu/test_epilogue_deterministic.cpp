@@ -37,8 +37,8 @@ std::vector<uint8_t> download(const void* p, std::size_t bytes) {
 // Launches of one problem at different TP degrees write the same model, so their bytes compare.
 std::vector<uint8_t> model_outputs(const EpilogueHost& h, const std::vector<EpilogueRank>& d) {
   struct Host {
-    std::vector<uint8_t> q, k, v;
-    const uint8_t *q_at, *k_at, *v_at;  // device addresses of q[0], k[0], v[0]
+    std::vector<uint8_t> q, k, v;  // q_out's rows, the two cache buffers
+    const uint8_t *k_at, *v_at;    // device addresses of k[0] and v[0]
   };
   std::vector<Host> ranks;
   for (const EpilogueRank& r : d) {
@@ -47,8 +47,7 @@ std::vector<uint8_t> model_outputs(const EpilogueHost& h, const std::vector<Epil
     const std::size_t q_bytes =
         h.s.tokens == 0 ? 0 : ((h.s.tokens - 1) * p.q_out_stride + p.num_q_heads * p.head_dim) * qe;
     ranks.push_back({download(p.q_out, q_bytes), download(r.k_cache.get(), r.cache_bytes),
-                     download(r.v_cache.get(), r.cache_bytes), static_cast<const uint8_t*>(p.q_out),
-                     r.k_cache.get(), r.v_cache.get()});
+                     download(r.v_cache.get(), r.cache_bytes), r.k_cache.get(), r.v_cache.get()});
   }
   std::vector<uint8_t> out;
   auto append = [&out](const uint8_t* p, std::size_t n) { out.insert(out.end(), p, p + n); };

@@ -188,6 +188,30 @@ TEST(EpilogueDeterministic, Fp8CachesAndFp8QKeepTheBitsAcrossTp) {
   }
 }
 
+// The element path (rows one element off 16 bytes: the canonical sums still read the staged row
+// in 16-byte vectors), GPT-J with partial rotary into an HND cache with k_out, and f16.
+TEST(EpilogueDeterministic, OtherPathsKeepTheBitsAcrossTp) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  uint64_t seed = 7900;
+  for (int variant = 0; variant < 3; ++variant) {
+    EpilogueSetup s = setup_of(kModels[0], 211, ++seed);  // OLMoE's heads
+    if (variant == 0) s.unaligned = true;
+    if (variant == 1) {
+      s.style = RopeStyle::kGptj;
+      s.rotary_dim = 64;
+      s.hnd = true;
+      s.k_out = true;
+    }
+    if (variant == 2) s.dtype = s.q_out_dtype = s.cache_dtype = DType::kF16;
+    const EpilogueHost h = EpilogueHost::random(s);
+    const Outputs tp1 = run(h, 1, true);
+    for (int world : {2, 4, 16}) {
+      SCOPED_TRACE("variant " + std::to_string(variant) + " TP " + std::to_string(world));
+      EXPECT_TRUE(run(h, world, true).bytes == tp1.bytes);
+    }
+  }
+}
+
 // Chunks (a workspace of 256 token slots) and launch shapes change when and where a row is
 // processed, never its bits.
 TEST(EpilogueDeterministic, ChunksAndForcedLaunchShapesKeepTheBits) {
@@ -218,8 +242,8 @@ TEST(EpilogueDeterministic, ChunksAndForcedLaunchShapesKeepTheBits) {
 }
 
 // A token's bits do not depend on which tokens share its launch: each of a few tokens of a
-// 4096-token batch, launched alone (its rows, position and slot as one-token views), writes the
-// bytes the batch wrote for it.
+// 4096-token batch at TP 4, launched alone (its rows, position and slot as one-token views),
+// writes the bytes the batch wrote for it, and the bytes TP 1's batch wrote for it.
 TEST(EpilogueDeterministic, ATokenAloneWritesTheBitsItWritesInABatch) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   const Model& m = kModels[1];
@@ -241,6 +265,8 @@ TEST(EpilogueDeterministic, ATokenAloneWritesTheBitsItWritesInABatch) {
   const std::vector<uint8_t> batch = model_outputs(h, d);
   const std::size_t per_token = batch.size() / static_cast<std::size_t>(s.tokens);
   ASSERT_EQ(per_token * static_cast<std::size_t>(s.tokens), batch.size());
+  const Outputs tp1 = run(h, 1, true);
+  ASSERT_EQ(tp1.bytes.size(), batch.size());
   for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{2047}, int64_t{4095}}) {
     SCOPED_TRACE("token " + std::to_string(t));
     // The inputs again (in place, the batch overwrote Q), outputs and caches poisoned.
@@ -265,6 +291,8 @@ TEST(EpilogueDeterministic, ATokenAloneWritesTheBitsItWritesInABatch) {
     const std::vector<uint8_t> all = model_outputs(h, d);  // token t's part is the call's
     const std::size_t at = static_cast<std::size_t>(t) * per_token;
     EXPECT_TRUE(std::equal(batch.begin() + at, batch.begin() + at + per_token, all.begin() + at));
+    EXPECT_TRUE(
+        std::equal(tp1.bytes.begin() + at, tp1.bytes.begin() + at + per_token, all.begin() + at));
   }
 }
 

@@ -8,7 +8,6 @@ zeros); outputs and caches are poisoned before each call."""
 import os
 import sys
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
@@ -178,6 +177,8 @@ def _written(r):
         k, v = k[blocks, offsets], v[blocks, offsets]
     else:
         k, v = k[blocks, :, offsets], v[blocks, :, offsets]
+    import numpy  # noqa: F401  (tensor.numpy needs it; the test skips without it)
+
     return tuple(bits(t).numpy() for t in (r.q_out.cpu(), k, v))
 
 
@@ -207,6 +208,7 @@ _DET_SETUP = dict(tokens=97, q_heads=8, kv_heads=4, order="olmo2", seed=77)
 def test_deterministic_tp2_processes_write_tp1s_bits(sq):
     # The TP-invariant mode across processes: the two ranks' heads, put side by side, are TP 1's
     # bytes (Q rows, and the K and V rows of every written slot).
+    np = pytest.importorskip("numpy", reason="numpy is not installed here")
     manager = mp.Manager()
     results = manager.dict()
     mp.spawn(_det_rank, args=(2, init_method(), results), nprocs=2)

@@ -52,10 +52,11 @@ void check_group_agrees(const std::vector<Communicator*>& comms,
         p.cache.num_blocks == p0.cache.num_blocks && p.cache.block_size == p0.cache.block_size &&
         p.cache.block_stride == p0.cache.block_stride &&
         p.cache.slot_stride == p0.cache.slot_stride &&
-        p.cache.head_stride == p0.cache.head_stride && p.pdl == p0.pdl && p.tuning == p0.tuning;
+        p.cache.head_stride == p0.cache.head_stride && p.pdl == p0.pdl && p.tuning == p0.tuning &&
+        p.deterministic == p0.deterministic;
     SWIFTQK_EXPECTS(same, who +
                               " differs from slot 0 in tokens, heads, head_dim, dtypes, k_out, "
-                              "norm, eps, rope, cache geometry, pdl or tuning");
+                              "norm, eps, rope, cache geometry, pdl, tuning or deterministic");
     for (std::size_t j = 0; j < i; ++j) {
       SWIFTQK_EXPECTS(
           comms[j]->state().rank != s.rank,
@@ -157,6 +158,9 @@ void launch_impl(const std::vector<Communicator*>& comms,
   key.vector = vec > 1;
   key.alone = !exchanges;
   key.olmo2 = p0.order == NormOrder::kOlmo2;
+  // The canonical order (layerwise only; validate_epilogue_params checked TP and widths).
+  const bool det = p0.deterministic && p0.scope == NormScope::kLayerwise;
+  key.det = det;
   const EpilogueFn fn = detail::pick_epilogue_kernel(p0.dtype, key);
   SWIFTQK_EXPECTS(fn != nullptr, "launch_qk_epilogue: no kernel for dtype " + to_string(p0.dtype));
   const void* f = reinterpret_cast<const void*>(fn);
@@ -192,6 +196,11 @@ void launch_impl(const std::vector<Communicator*>& comms,
   a.pair_magic = epilogue_div_magic(static_cast<uint32_t>(std::max<int64_t>(1, pairs)));
   a.single_magic = epilogue_div_magic(static_cast<uint32_t>(std::max<int64_t>(1, singles)));
   a.single_shift = static_cast<int>((p0.num_q_heads + p0.num_kv_heads) * pairs % shape.threads);
+  // The canonical order: the rank's 16 / world segments of Q and of K, in 16-byte vectors.
+  a.det_segments = det ? kCanonicalSegments / world : 0;
+  const int64_t det_vec = 16 / static_cast<int64_t>(dtype_size(p0.dtype));
+  a.det_q_vecs = det ? static_cast<int>(qw / (a.det_segments * det_vec)) : 0;
+  a.det_k_vecs = det ? static_cast<int>(kw / (a.det_segments * det_vec)) : 0;
   a.capacity = capacity;
   a.max_position = p0.rope.max_position;
   a.cache_slots = p0.cache.num_blocks * p0.cache.block_size;
@@ -226,7 +235,7 @@ void launch_impl(const std::vector<Communicator*>& comms,
     a.blocks_per_rank = grid.blocks_per_rank;
     a.config_hash =
         config_hash(qw * world, kw * world, world, p0.eps, static_cast<int>(p0.order), tokens) ^
-        kEpilogueHashSalt;
+        kEpilogueHashSalt ^ (det ? kDeterministicHashSalt : 0u);
     for (std::size_t r = 0; r < comms.size(); ++r) {
       a.r[r] = rank_args_for(comms[r]->state(), params[r], first);
     }

@@ -16,6 +16,7 @@ struct EpilogueKey {
   bool vector = true;      // 16-byte accesses; else element by element
   bool alone = false;      // no exchange (TP 1 layerwise, or headwise)
   bool olmo2 = true;       // NormOrder::kOlmo2, else kLlama
+  bool det = false;        // the deterministic mode's canonical sums (layerwise)
 };
 
 EpilogueFn pick_epilogue_kernel_bf16(const EpilogueKey& k);

@@ -131,6 +131,13 @@ struct QkEpilogueParams {
   bool pdl = false;
   /// The launch shape, where the caller overrides the policy. All ranks must give the same.
   EpilogueTuning tuning;
+  /// The TP-invariant mode (as QkNormParams::deterministic): a layerwise norm sums each row's
+  /// squares in the canonical order (docs/design.md, "Deterministic mode"), so the outputs are
+  /// the same bits at every TP degree in {1, 2, 4, 8, 16} and for every token count and launch
+  /// shape. It needs a power-of-two TP degree up to 16 and full Q and K widths that are multiples
+  /// of 16 segments of 16-byte vectors (128 elements); all ranks must agree on it. A headwise
+  /// norm's sums never depend on the split, so there it changes nothing.
+  bool deterministic = false;
 };
 
 /// @brief Throws swiftqk::Error naming the first problem with p for a group of world_size ranks

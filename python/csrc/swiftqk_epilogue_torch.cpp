@@ -117,7 +117,8 @@ void qk_epilogue_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const c10::optional<at::Tensor>& v_scale,
                       const c10::optional<at::Tensor>& q_scale, int64_t comm, int64_t head_dim,
                       int64_t rotary_dim, bool is_neox, bool headwise, bool weight_plus_one,
-                      double eps, int64_t order, c10::string_view kv_layout, bool pdl) {
+                      double eps, int64_t order, c10::string_view kv_layout, bool pdl,
+                      bool deterministic) {
   swiftqk::Communicator& c = swiftqk_torch::communicator_of(comm, "swiftqk.qk_epilogue");
   TORCH_CHECK(q.dim() == 2, kOp, "q must be 2-D [tokens, heads x head_dim], got ", q.dim(), "-D");
   const int64_t tokens = q.size(0);
@@ -216,6 +217,7 @@ void qk_epilogue_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   p.rope.rotary_dim = rotary_dim;
   p.rope.style = is_neox ? swiftqk::RopeStyle::kNeox : swiftqk::RopeStyle::kGptj;
   p.pdl = pdl;
+  p.deterministic = deterministic;
   const c10::cuda::CUDAGuard guard(q.device());
   // A bad position or slot is found by the kernel: it raises here at the next launch (the
   // launch checks the communicator first) or at comm.check_error(), as qk_norm's failures do.
@@ -241,6 +243,6 @@ TORCH_LIBRARY_FRAGMENT(swiftqk, m) {
       "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping, Tensor? k_scale, "
       "Tensor? v_scale, Tensor? q_scale, int comm, int head_dim, int rotary_dim, bool is_neox, "
       "bool headwise, bool weight_plus_one, float eps, int order, str kv_layout, "
-      "bool pdl=False) -> ()");
+      "bool pdl=False, bool deterministic=False) -> ()");
 }
 TORCH_LIBRARY_IMPL(swiftqk, CUDA, m) { m.impl("qk_epilogue", &qk_epilogue_cuda); }

@@ -231,10 +231,11 @@ def _validate_checks(q, k, q_out, k_out, cos_sin_cache, k_cache, k_scale, v_scal
 def _qk_epilogue_fake(q, k, v, q_out, k_out, q_weight, k_weight, positions, cos_sin_cache,
                       k_cache, v_cache, slot_mapping, k_scale, v_scale, q_scale, comm, head_dim,
                       rotary_dim, is_neox, headwise, weight_plus_one, eps, order, kv_layout,
-                      pdl=False):
+                      pdl=False, deterministic=False):
     """What qk_epilogue_cuda and validate_epilogue_params refuse from shapes, strides, dtypes and
     devices, raised as the same RuntimeError with the same messages (the library's, behind its
-    file:line prefix on the GPU). Not checked here: the communicator, pointer alignment and
+    file:line prefix on the GPU). Not checked here: the communicator (and with it the
+    deterministic mode's TP degree and widths, which need its world size), pointer alignment and
     overlaps between tensors (addresses), and the positions and slots themselves (the kernel's).
     The outputs are written in place, so there is nothing to return."""
     heads_at, slots_at = _binding_checks(
@@ -276,6 +277,7 @@ def qk_epilogue(
     k_scale: Optional[torch.Tensor] = None,
     v_scale: Optional[torch.Tensor] = None,
     enable_pdl: bool = False,
+    deterministic: bool = False,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The fused QK epilogue of one rank, in one launch on the current stream: QK-norm, RoPE,
     then Q written to q_out, and K and V written to their slots of a paged KV cache.
@@ -315,6 +317,11 @@ def qk_epilogue(
         q_scale, k_scale, v_scale: float32 one-element device tensors, the fp8 scales of q_out
             and of the two caches (read by the kernel, so a captured CUDA graph sees new values).
         enable_pdl: programmatic dependent launch (sm_90 and later), as for qk_norm_.
+        deterministic: the TP-invariant mode, as for qk_norm_: a layerwise norm sums each row's
+            squares in one canonical order, so every output bit is the same at TP 1, 2, 4, 8 and
+            16 and for any token count (a power-of-two TP up to 16, and full Q and K widths that
+            are multiples of 128 elements; every rank must pass the same). Headwise sums never
+            depended on the split.
 
     Returns (q_out, k_out). Bad arguments raise RuntimeError before anything is written. A
     position or slot out of range is found by the kernel: nothing of that token is written (its
@@ -333,5 +340,5 @@ def qk_epilogue(
         q, k, v, q_out, k_out, q_weight, k_weight, positions, cos_sin_cache, k_cache, v_cache,
         slot_mapping, k_scale, v_scale, q_scale, comm.handle, int(head_dim), int(rotary_dim),
         bool(is_neox), bool(headwise), bool(weight_plus_one), float(eps), ORDERS[order],
-        kv_layout, bool(enable_pdl))
+        kv_layout, bool(enable_pdl), bool(deterministic))
     return q_out, k_out

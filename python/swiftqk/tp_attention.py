@@ -31,11 +31,15 @@ class TPAttention(nn.Module):
     ``cos_sin_cache`` [max_position, head_dim] is then the rotary table (cos half, sin half of
     each row, as vLLM keeps it), and forward takes ``positions`` and a swiftqk.PagedKVCache in
     place of cos and sin.
+
+    ``deterministic=True`` takes the norm's sums of squares in the canonical order (TPQKNorm's,
+    and the epilogue's with ``fused_epilogue``), so the layer's norm outputs are the same bits at
+    every TP degree.
     """
 
     def __init__(self, wq, wk, wv, wo, q_norm_weight, k_norm_weight, num_heads, num_kv_heads,
                  head_dim, eps, order="olmo2", comm=None, method="swiftqk", group=None,
-                 fused_epilogue=False, cos_sin_cache=None):
+                 fused_epilogue=False, cos_sin_cache=None, deterministic=False):
         super().__init__()
         if fused_epilogue:
             if method != "swiftqk" or not isinstance(comm, Communicator):
@@ -47,7 +51,8 @@ class TPAttention(nn.Module):
                                  "head_dim] (cos half, then sin half)")
         self.fused_epilogue = bool(fused_epilogue)
         self.register_buffer("cos_sin_cache", cos_sin_cache)
-        self.norm = TPQKNorm(q_norm_weight, k_norm_weight, eps, order, comm, method, group)
+        self.norm = TPQKNorm(q_norm_weight, k_norm_weight, eps, order, comm, method, group,
+                             deterministic=deterministic)
         world, rank = self.norm.world, self.norm.rank
         if num_heads % world or num_kv_heads % world:
             raise ValueError(f"{num_heads} query / {num_kv_heads} KV heads do not divide over "
@@ -101,7 +106,8 @@ class TPAttention(nn.Module):
                     slot_mapping=kv_cache.slot_mapping(positions), comm=self.norm.comm,
                     head_dim=self.d, eps=self.norm.eps, order=self.norm.order,
                     kv_layout=kv_cache.layout, k_scale=kv_cache.k_scale,
-                    v_scale=kv_cache.v_scale, enable_pdl=self.norm.enable_pdl)
+                    v_scale=kv_cache.v_scale, enable_pdl=self.norm.enable_pdl,
+                    deterministic=self.norm.deterministic)
         q = q.view(b, s, self.h, self.d).transpose(1, 2)
         k, v = kv_cache.read(x.dtype)  # [B, hkv, max_seq_len, d]
         keys = torch.arange(k.shape[2], device=x.device)

@@ -42,9 +42,11 @@ struct EpilogueArgs {
   uint32_t pair_magic;    // epilogue_div_magic(rotated pair items per head, at least 1)
   uint32_t single_magic;  // epilogue_div_magic(single-vector items per head, at least 1)
   int single_shift;       // (heads x pair items) mod block threads: where the singles' loop starts
-  int64_t tokens;         // rows in this launch (one chunk)
-  int64_t first_token;    // of the chunk in the call: errors name tokens of the call
-  int64_t capacity;       // token slots per bank
+  int det_segments;       // deterministic mode: this rank's segments of Q and of K each, 16 / world
+  int det_q_vecs, det_k_vecs;  // 16-byte vectors a segment
+  int64_t tokens;              // rows in this launch (one chunk)
+  int64_t first_token;         // of the chunk in the call: errors name tokens of the call
+  int64_t capacity;            // token slots per bank
   int64_t max_position;
   int64_t cache_slots;  // num_blocks * block_size
   int64_t block_size, block_stride, slot_stride, head_stride;

@@ -6,16 +6,22 @@
 
 namespace swiftqk::detail {
 
+template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2, bool kAlone>
+EpilogueFn pick_epilogue_det(bool det) {
+  return det ? &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, kAlone, true>
+             : &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, kAlone, false>;
+}
+
 template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2>
-EpilogueFn pick_epilogue_alone(bool alone) {
-  return alone ? &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, true>
-               : &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, false>;
+EpilogueFn pick_epilogue_alone(const EpilogueKey& k) {
+  return k.alone ? pick_epilogue_det<T, QOut, CacheT, VEC, kOlmo2, true>(k.det)
+                 : pick_epilogue_det<T, QOut, CacheT, VEC, kOlmo2, false>(k.det);
 }
 
 template <typename T, typename QOut, typename CacheT, int VEC>
 EpilogueFn pick_epilogue_order(const EpilogueKey& k) {
-  return k.olmo2 ? pick_epilogue_alone<T, QOut, CacheT, VEC, true>(k.alone)
-                 : pick_epilogue_alone<T, QOut, CacheT, VEC, false>(k.alone);
+  return k.olmo2 ? pick_epilogue_alone<T, QOut, CacheT, VEC, true>(k)
+                 : pick_epilogue_alone<T, QOut, CacheT, VEC, false>(k);
 }
 
 template <typename T, typename QOut, typename CacheT>

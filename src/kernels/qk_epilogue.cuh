@@ -40,7 +40,9 @@ __device__ __forceinline__ void poison_token(const EpilogueArgs& a, const Epilog
 /// VEC is the elements per access (16 bytes of the model dtype, or 1 on the unaligned path).
 /// kOlmo2 is the norm order. kAlone compiles the exchange out (TP 1 layerwise, and every headwise
 /// launch).
-template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2, bool kAlone>
+/// kDet: the deterministic mode's canonical sums (layerwise only; a template parameter, so the
+/// default kernels are unchanged).
+template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2, bool kAlone, bool kDet>
 __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
     qk_epilogue_kernel(const __grid_constant__ EpilogueArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -49,6 +51,7 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
 #endif
   extern __shared__ uint4 s_dyn[];
   __shared__ float2 s_part[2][kEpilogueMaxThreads / 32];  // per warp (q, k), by parity
+  __shared__ float s_leaf[2][2][kCanonicalSegments];      // deterministic: Q's, K's, by parity
   __shared__ float2 s_rstd;
   __shared__ int s_abort;
   __shared__ uint32_t s_call;
@@ -67,9 +70,10 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
   const int qk_units = (qw + kw) / VEC, units = (qw + 2 * kw) / VEC;
   const int ntok = static_cast<int>(a.tokens);
   const int S = a.stages;
-  // Headwise launches (and so Gemma-3's 1 + w weight) exchange nothing: they always run the
-  // kAlone kernel (epilogue_launch.cu), so the kernel with peers compiles their paths out.
-  const bool headwise = kAlone && a.headwise != 0, neox = a.neox != 0;
+  // Headwise launches (and so Gemma-3's 1 + w weight) exchange nothing and take no canonical
+  // sums: they always run the kAlone kernel without kDet (epilogue_launch.cu), so the others
+  // compile their paths out.
+  const bool headwise = kAlone && !kDet && a.headwise != 0, neox = a.neox != 0;
 
   // With peers block 0 claims the rank and every block reads the fault word at once
   // (claim_rank_at_entry): both round trips overlap the first rows' loads. The fault word stays a
@@ -255,6 +259,24 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
           }
           s_head[h] = rsqrtf(s * (1.f / static_cast<float>(hd)) + a.eps);
         }
+      } else if constexpr (kDet) {
+        // The canonical order (docs/design.md, "Deterministic mode"), whatever the TP degree and
+        // block: a warp a segment, lane j adding the sums of its 16-byte vectors j, j + 32, ...
+        // in order, then the lanes' xor butterfly; the leaves meet after the barrier.
+        constexpr int kDV = 16 / static_cast<int>(sizeof(T));
+        const int nseg = a.det_segments;
+        for (int sg = warp; sg < 2 * nseg; sg += warps) {
+          const bool is_q = sg < nseg;
+          const int idx = is_q ? sg : sg - nseg;
+          const int nv = is_q ? a.det_q_vecs : a.det_k_vecs;
+          const Vec<T, kDV>* seg =
+              reinterpret_cast<const Vec<T, kDV>*>(row + (is_q ? 0 : qw) + idx * nv * kDV);
+          float acc = 0.f;
+          for (int v = lane; v < nv; v += 32) acc += vector_sum_sq<T, kDV>(load_vec(seg + v));
+#pragma unroll
+          for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(kFullMask, acc, off);
+          if (lane == 0) s_leaf[par][is_q ? 0 : 1][idx] = acc;
+        }
       } else {
         float sq = 0.f, sk = 0.f;
         for (int u = tid; u < qk_units; u += G) {
@@ -281,7 +303,20 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
 
     // Phase B: with peers, warp 0 publishes token t's partials; every thread writes token t's V
     // into the cache (it does not depend on the exchange); then warp 0 collects token tw.
+    // The rank's (q, k) partials, the same bits in every thread. A whole warp calls it.
     auto block_partials = [&] {
+      if constexpr (kDet) {
+        // The rank's subtree of its leaves in index order: a pairwise tree (xor offsets 1, 2,
+        // ...), whose upper levels are the exchange's butterfly over the ranks.
+        const int nseg = a.det_segments;
+        float q = lane < nseg ? s_leaf[par][0][lane] : 0.f;
+        float k = lane < nseg ? s_leaf[par][1][lane] : 0.f;
+        for (int off = 1; off < nseg; off <<= 1) {
+          q += __shfl_xor_sync(kFullMask, q, off);
+          k += __shfl_xor_sync(kFullMask, k, off);
+        }
+        return make_float2(__shfl_sync(kFullMask, q, 0), __shfl_sync(kFullMask, k, 0));
+      }
       float2 p = make_float2(0.f, 0.f);
       for (int w = 0; w < warps; ++w) {  // the same order in every thread: the same bits
         p.x += s_part[par][w].x;

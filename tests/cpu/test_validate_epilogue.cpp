@@ -277,6 +277,29 @@ TEST_F(ValidateEpilogueTest, WeightPlusOneIsHeadwiseOnly) {
   EXPECT_TRUE(Rejects(p, "weight_plus_one"));
 }
 
+// The deterministic mode's canonical order: 16 segments of each full row, 16 / world of them a
+// rank, in 16-byte vectors; a headwise norm has nothing to order and takes any group.
+TEST_F(ValidateEpilogueTest, DeterministicNeedsAPowerOfTwoTpUpTo16AndWholeSegments) {
+  QkEpilogueParams p = Valid();
+  p.deterministic = true;
+  for (int world : {1, 2, 4, 8, 16}) EXPECT_NO_THROW(validate_epilogue_params(p, world)) << world;
+  EXPECT_TRUE(Rejects(p, "deterministic mode: TP degree 32 must be a power of two up to 16", 32));
+  EXPECT_TRUE(Rejects(p, "deterministic mode: TP degree 6 must be a power of two up to 16", 6));
+  p.head_dim = 96;  // rows of 768 and 192 elements
+  p.rope.rotary_dim = 96;
+  EXPECT_NO_THROW(validate_epilogue_params(p, 2));  // 8 segments a rank: multiples of 64
+  EXPECT_TRUE(Rejects(p,
+                      "deterministic mode: local widths 768 and 192 must be multiples of 128 (16 "
+                      "segments of 8-element vectors)",
+                      1));
+  p.deterministic = false;  // the default mode takes them
+  EXPECT_NO_THROW(validate_epilogue_params(p, 1));
+  p = Valid();
+  p.deterministic = true;
+  p.scope = NormScope::kHeadwise;
+  for (int world : {1, 6, 32}) EXPECT_NO_THROW(validate_epilogue_params(p, world)) << world;
+}
+
 TEST_F(ValidateEpilogueTest, QOutDtype) {
   QkEpilogueParams p = Valid();
   p.q_out_dtype = DType::kF16;  // of a bf16 model

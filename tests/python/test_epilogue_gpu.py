@@ -165,6 +165,66 @@ def test_tp2_processes_sharing_one_gpu(sq):
     assert dict(results) == {0: {}, 1: {}}
 
 
+def _written(r):
+    """What a rank wrote, as numpy bit patterns: its q_out, and its K and V cache rows of the
+    written slots ([written tokens, its kv heads, head_dim], in token order)."""
+    s = r.s
+    slots = r.slots.cpu()
+    keep = slots >= 0
+    blocks, offsets = slots[keep] // s.block_size, slots[keep] % s.block_size
+    k, v = r.k_cache.cpu(), r.v_cache.cpu()
+    if s.layout == "NHD":
+        k, v = k[blocks, offsets], v[blocks, offsets]
+    else:
+        k, v = k[blocks, :, offsets], v[blocks, :, offsets]
+    import numpy  # noqa: F401  (tensor.numpy needs it; the test skips without it)
+
+    return tuple(bits(t).numpy() for t in (r.q_out.cpu(), k, v))
+
+
+def _det_rank(rank, world, rendezvous, results):
+    sys.path.insert(0, os.path.dirname(__file__))
+    import swiftqk
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
+    try:
+        comm = swiftqk.communicator_from_group(dist.group.WORLD, device=0, timeout_s=30.0)
+        assert isinstance(comm, swiftqk.Communicator), getattr(comm, "reason", "")
+        r = Rank(Problem(Setup(**_DET_SETUP)), world, rank)
+        r.poison(500 + rank)
+        swiftqk.qk_epilogue(r.q, r.k, r.v, deterministic=True, **r.kwargs(comm))
+        torch.cuda.synchronize()
+        comm.check_error()
+        results[rank] = _written(r)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+_DET_SETUP = dict(tokens=97, q_heads=8, kv_heads=4, order="olmo2", seed=77)
+
+
+def test_deterministic_tp2_processes_write_tp1s_bits(sq):
+    # The TP-invariant mode across processes: the two ranks' heads, put side by side, are TP 1's
+    # bytes (Q rows, and the K and V rows of every written slot).
+    np = pytest.importorskip("numpy", reason="numpy is not installed here")
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_det_rank, args=(2, init_method(), results), nprocs=2)
+    comm = sq.create_local_group([0])[0]
+    r = Rank(Problem(Setup(**_DET_SETUP)))
+    r.poison(600)
+    sq.qk_epilogue(r.q, r.k, r.v, deterministic=True, **r.kwargs(comm))
+    _sync()
+    comm.check_error()
+    assert r.check() == []
+    tp1 = _written(r)
+    for i in range(3):  # Q, K, V: rank 0's heads, then rank 1's
+        tp2 = np.concatenate([results[0][i], results[1][i]], axis=1)
+        assert np.array_equal(tp1[i], tp2), ("Q", "K", "V")[i]
+
+
 # ---- bad positions and slots ----------------------------------------------------------------
 
 @pytest.mark.parametrize("what", ["position", "slot"])

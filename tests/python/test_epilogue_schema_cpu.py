@@ -32,7 +32,8 @@ def _schema():
 
 def _reference(q, k, v, q_out, k_out, q_weight, k_weight, positions, cos_sin_cache, k_cache,
                v_cache, slot_mapping, k_scale, v_scale, q_scale, comm, head_dim, rotary_dim,
-               is_neox, headwise, weight_plus_one, eps, order, kv_layout, pdl=False):
+               is_neox, headwise, weight_plus_one, eps, order, kv_layout, pdl=False,
+               deterministic=False):
     """TP 1, model-dtype outputs and caches: reads everything before writing anything, as the
     kernel (which supports q_out == q) does per token."""
     rope = dict(head_dim=head_dim, rotary_dim=rotary_dim, is_neox=is_neox, headwise=headwise,
@@ -92,6 +93,8 @@ def _args(in_place, layout, tokens=9, hq=4, hkv=2, d=64):
 def test_the_schema_marks_exactly_the_outputs_and_caches_mutated():
     schema = _schema()
     assert schema.startswith("qk_epilogue(") and schema.endswith("-> ()")
+    # The launch options come last with their defaults, so older call sites keep working.
+    assert schema.endswith("bool pdl=False, bool deterministic=False) -> ()")
     assert re.findall(r"Tensor\((\w)!\)\??\s(\w+)", schema) == [
         ("a", "q_out"), ("b", "k_out"), ("c", "k_cache"), ("d", "v_cache")]
     assert re.findall(r"Tensor\??\s(\w+)", schema) == [

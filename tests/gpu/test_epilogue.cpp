@@ -26,34 +26,12 @@ void run_once(const EpilogueSetup& s, int world) {
   expect_ranks_correct(h, world, r);
 }
 
-struct Model {
-  const char* name;
-  int64_t q_heads, kv_heads, rotary_dim;
-  NormOrder order;
-};
-// The DESIGN shapes with their real head counts (head_dim 128); MiniMax-M2 rotates 64 of 128.
-const Model kModels[] = {
-    {"olmoe", 16, 16, 128, NormOrder::kLlama},
-    {"olmo2-13b", 40, 40, 128, NormOrder::kOlmo2},
-    {"olmo3-32b", 40, 8, 128, NormOrder::kOlmo2},
-    {"minimax-m2", 48, 8, 64, NormOrder::kLlama},
-};
-
-EpilogueSetup setup_of(const Model& m, int64_t tokens, uint64_t seed) {
-  EpilogueSetup s;
-  s.tokens = tokens;
-  s.q_heads = m.q_heads;
-  s.kv_heads = m.kv_heads;
-  s.rotary_dim = m.rotary_dim;
-  s.order = m.order;
-  s.seed = seed;
-  return s;
-}
+const auto& kModels = kDesignModels;
 
 TEST(Epilogue, DesignShapesAtEveryTpDegree) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   uint64_t seed = 100;
-  for (const Model& m : kModels) {
+  for (const EpilogueModel& m : kModels) {
     for (int world : {1, 2, 4, 8}) {
       if (m.kv_heads % world != 0 || m.q_heads % world != 0) continue;
       for (int64_t tokens : {1, 37, 300}) run_once(setup_of(m, tokens, ++seed), world);
@@ -86,7 +64,7 @@ TEST(Epilogue, StylesRotaryDimsDtypesAndLayouts) {
 TEST(Epilogue, Fp8CacheAndFp8Q) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   uint64_t seed = 900;
-  for (const Model& m : {kModels[0], kModels[3]}) {
+  for (const EpilogueModel& m : {kModels[0], kModels[3]}) {
     for (int world : {1, 4}) {
       for (int variant = 0; variant < 3; ++variant) {
         EpilogueSetup s = setup_of(m, 129, ++seed);
@@ -164,7 +142,7 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   uint64_t seed = 3100;
   int compared = 0, refused = 0;
-  for (const Model& m : {kModels[0], kModels[2], kModels[3]}) {
+  for (const EpilogueModel& m : {kModels[0], kModels[2], kModels[3]}) {
     for (int world : {1, 2, 8}) {
       if (m.kv_heads % world != 0) continue;
       const EpilogueSetup s = setup_of(m, 300, ++seed);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "epilogue_group.hpp"
 #include "epilogue_problem.hpp"
 #include "expect_error.hpp"
 
@@ -115,30 +116,16 @@ Outputs run(const EpilogueHost& h, int world, bool deterministic, const Epilogue
   return r;
 }
 
-struct Model {
-  const char* name;
-  int64_t q_heads, kv_heads, rotary_dim;
-  NormOrder order;
-};
-// The DESIGN shapes (head_dim 128), and one whose heads TP 16 divides.
-const Model kModels[] = {
-    {"olmoe", 16, 16, 128, NormOrder::kLlama},    {"olmo2-13b", 40, 40, 128, NormOrder::kOlmo2},
-    {"olmo3-32b", 40, 8, 128, NormOrder::kOlmo2}, {"minimax-m2", 48, 8, 64, NormOrder::kLlama},
+// The DESIGN shapes, and one whose heads TP 16 divides.
+const EpilogueModel kModels[] = {
+    kDesignModels[0],
+    kDesignModels[1],
+    kDesignModels[2],
+    kDesignModels[3],
     {"tp16", 32, 16, 128, NormOrder::kOlmo2},
 };
 
-EpilogueSetup setup_of(const Model& m, int64_t tokens, uint64_t seed) {
-  EpilogueSetup s;
-  s.tokens = tokens;
-  s.q_heads = m.q_heads;
-  s.kv_heads = m.kv_heads;
-  s.rotary_dim = m.rotary_dim;
-  s.order = m.order;
-  s.seed = seed;
-  return s;
-}
-
-std::vector<int> tp_degrees(const Model& m) {
+std::vector<int> tp_degrees(const EpilogueModel& m) {
   std::vector<int> out;
   for (int world : {1, 2, 4, 8, 16}) {
     if (m.q_heads % world == 0 && m.kv_heads % world == 0) out.push_back(world);
@@ -150,7 +137,7 @@ TEST(EpilogueDeterministic, EveryTpDegreeWritesTheSameBits) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   uint64_t seed = 7100;
   int compared = 0, default_differs = 0;
-  for (const Model& m : kModels) {
+  for (const EpilogueModel& m : kModels) {
     for (int64_t tokens : {1, 333}) {
       const EpilogueHost h = EpilogueHost::random(setup_of(m, tokens, ++seed));
       const Outputs tp1 = run(h, 1, true);
@@ -173,7 +160,7 @@ TEST(EpilogueDeterministic, EveryTpDegreeWritesTheSameBits) {
 TEST(EpilogueDeterministic, Fp8CachesAndFp8QKeepTheBitsAcrossTp) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
   uint64_t seed = 7300;
-  for (const Model& m : {kModels[1], kModels[3]}) {
+  for (const EpilogueModel& m : {kModels[1], kModels[3]}) {
     EpilogueSetup s = setup_of(m, 257, ++seed);
     s.cache_dtype = DType::kF8E4M3;
     s.q_out_dtype = DType::kF8E4M3;
@@ -216,7 +203,7 @@ TEST(EpilogueDeterministic, OtherPathsKeepTheBitsAcrossTp) {
 // processed, never its bits.
 TEST(EpilogueDeterministic, ChunksAndForcedLaunchShapesKeepTheBits) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
-  const Model& m = kModels[3];  // MiniMax-M2: partial rotary, 48 and 8 heads
+  const EpilogueModel& m = kModels[3];  // MiniMax-M2: partial rotary, 48 and 8 heads
   const EpilogueHost h = EpilogueHost::random(setup_of(m, 1000, 7500));
   const Outputs tp1 = run(h, 1, true);
   CommConfig small;
@@ -246,7 +233,7 @@ TEST(EpilogueDeterministic, ChunksAndForcedLaunchShapesKeepTheBits) {
 // writes the bytes the batch wrote for it, and the bytes TP 1's batch wrote for it.
 TEST(EpilogueDeterministic, ATokenAloneWritesTheBitsItWritesInABatch) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
-  const Model& m = kModels[1];
+  const EpilogueModel& m = kModels[1];
   EpilogueSetup s = setup_of(m, 4096, 7700);
   s.padding = 0.0;  // every token has a slot
   const EpilogueHost h = EpilogueHost::random(s);

@@ -1,4 +1,9 @@
-"""Float64 reference and the dtype tolerances of the C++ tests (reference.hpp), in Python."""
+"""Float64 reference and the dtype tolerances of the C++ tests (reference.hpp), in Python; the
+rendezvous and rank setup of the tests whose ranks are processes sharing GPU 0."""
+
+import contextlib
+import os
+import sys
 
 import torch
 
@@ -52,3 +57,24 @@ def init_method():
     os.close(fd)
     os.unlink(path)  # the file store creates it
     return "file://" + path
+
+
+@contextlib.contextmanager
+def rank_sharing_gpu0(rank, world, rendezvous):
+    """In a spawned process: rank `rank` of a gloo group of `world` on GPU 0, and its SwiftQK
+    communicator (peers through CUDA IPC), as (swiftqk, comm). The ranks meet at a barrier when
+    the body returns, so no rank closes while a peer still exchanges; the group is destroyed
+    either way."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    import swiftqk
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
+    try:
+        comm = swiftqk.communicator_from_group(dist.group.WORLD, device=0, timeout_s=30.0)
+        assert isinstance(comm, swiftqk.Communicator), getattr(comm, "reason", "")
+        yield swiftqk, comm
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

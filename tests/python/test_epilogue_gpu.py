@@ -5,20 +5,16 @@ gloo for the bootstrap), bad positions and slots raised by name with nothing of 
 written, CUDA-graph replays with changed inputs, and torch.compile. Inputs are random (never
 zeros); outputs and caches are poisoned before each call."""
 
-import os
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
-import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 import epilogue_problem as ep  # noqa: E402
 from conftest import cuda_or_skip, swiftqk_or_skip  # noqa: E402
 from epilogue_problem import FP8, Problem, Rank, Setup, bits  # noqa: E402
 from epilogue_reference import cache_rows, partner_index  # noqa: E402
-from reference import init_method  # noqa: E402
+from reference import init_method, rank_sharing_gpu0  # noqa: E402
 
 
 @pytest.fixture
@@ -132,14 +128,7 @@ def test_matches_float64(sq, case):
 
 
 def _tp_rank(rank, world, rendezvous, results):
-    sys.path.insert(0, os.path.dirname(__file__))
-    import swiftqk
-
-    torch.cuda.set_device(0)
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
-    try:
-        comm = swiftqk.communicator_from_group(dist.group.WORLD, device=0, timeout_s=30.0)
-        assert isinstance(comm, swiftqk.Communicator), getattr(comm, "reason", "")
+    with rank_sharing_gpu0(rank, world, rendezvous) as (swiftqk, comm):
         errors = {}
         for name in ("neox_rot128_NHD", "gptj_rot64_HND", "fp8_q_out_and_cache",
                      "qwen3_headwise", "llama_order_k_out"):
@@ -151,9 +140,6 @@ def _tp_rank(rank, world, rendezvous, results):
             comm.check_error()
             errors[name] = r.check()
         results[rank] = {k: v for k, v in errors.items() if v}
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def test_tp2_processes_sharing_one_gpu(sq):
@@ -183,23 +169,13 @@ def _written(r):
 
 
 def _det_rank(rank, world, rendezvous, results):
-    sys.path.insert(0, os.path.dirname(__file__))
-    import swiftqk
-
-    torch.cuda.set_device(0)
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
-    try:
-        comm = swiftqk.communicator_from_group(dist.group.WORLD, device=0, timeout_s=30.0)
-        assert isinstance(comm, swiftqk.Communicator), getattr(comm, "reason", "")
+    with rank_sharing_gpu0(rank, world, rendezvous) as (swiftqk, comm):
         r = Rank(Problem(Setup(**_DET_SETUP)), world, rank)
         r.poison(500 + rank)
         swiftqk.qk_epilogue(r.q, r.k, r.v, deterministic=True, **r.kwargs(comm))
         torch.cuda.synchronize()
         comm.check_error()
         results[rank] = _written(r)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 _DET_SETUP = dict(tokens=97, q_heads=8, kv_heads=4, order="olmo2", seed=77)

@@ -2,16 +2,13 @@
 inside torch.compile, with bad input, and with ranks as processes sharing one GPU (CUDA IPC,
 gloo for the bootstrap)."""
 
-import os
-import sys
 
 import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import cuda_or_skip, swiftqk_or_skip
-from reference import count_wrong, random_rows, random_weight, rms_norm_fp64, init_method
+from reference import count_wrong, random_rows, random_weight, rms_norm_fp64, init_method, rank_sharing_gpu0
 
 
 @pytest.fixture
@@ -120,15 +117,7 @@ def test_bad_input_is_a_clear_error(sq):
 
 
 def _ipc_rank(rank, world, rendezvous, method, results):
-    sys.path.insert(0, os.path.dirname(__file__))
-    import swiftqk
-
-    torch.cuda.set_device(0)
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank,
-                            world_size=world)
-    try:
-        comm = swiftqk.communicator_from_group(dist.group.WORLD, device=0, timeout_s=30.0)
-        assert isinstance(comm, swiftqk.Communicator), getattr(comm, "reason", "")
+    with rank_sharing_gpu0(rank, world, rendezvous) as (swiftqk, comm):
         q = random_rows(50, 6144, torch.bfloat16, 11).cuda()
         k = random_rows(50, 1024, torch.bfloat16, 12).cuda()
         wq, wk = random_weight(6144, torch.bfloat16, 13).cuda(), random_weight(1024, torch.bfloat16, 14).cuda()
@@ -139,9 +128,6 @@ def _ipc_rank(rank, world, rendezvous, method, results):
         gq = rms_norm_fp64(q, wq, 1e-6)[:, rank * sq_:(rank + 1) * sq_]
         gk = rms_norm_fp64(k, wk, 1e-6)[:, rank * sk_:(rank + 1) * sk_]
         results[rank] = count_wrong(qo, gq, "llama") + count_wrong(ko, gk, "llama")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -170,14 +156,7 @@ def test_deterministic_matches_float64_and_refuses_other_methods(sq):
 
 
 def _deterministic_rank(rank, world, rendezvous, results):
-    sys.path.insert(0, os.path.dirname(__file__))
-    import swiftqk
-
-    torch.cuda.set_device(0)
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
-    try:
-        comm = swiftqk.communicator_from_group(dist.group.WORLD, device=0, timeout_s=30.0)
-        assert isinstance(comm, swiftqk.Communicator), getattr(comm, "reason", "")
+    with rank_sharing_gpu0(rank, world, rendezvous) as (swiftqk, comm):
         q, k, wq, wk = _deterministic_inputs()
         norm = swiftqk.TPQKNorm(wq, wk, 1e-6, "llama", comm, deterministic=True)
         sq_, sk_ = 6144 // world, 1024 // world
@@ -185,9 +164,6 @@ def _deterministic_rank(rank, world, rendezvous, results):
         torch.cuda.synchronize()
         results[rank] = (qo.cpu().view(torch.int16).numpy().tobytes(),
                          ko.cpu().view(torch.int16).numpy().tobytes())
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def _deterministic_inputs():

@@ -11,6 +11,31 @@
 
 namespace swiftqk::testing {
 
+/// A model's attention geometry as the epilogue tests use it (head_dim 128).
+struct EpilogueModel {
+  const char* name;
+  int64_t q_heads, kv_heads, rotary_dim;
+  NormOrder order;
+};
+/// The DESIGN shapes with their real head counts; MiniMax-M2 rotates 64 of 128.
+inline constexpr EpilogueModel kDesignModels[] = {
+    {"olmoe", 16, 16, 128, NormOrder::kLlama},
+    {"olmo2-13b", 40, 40, 128, NormOrder::kOlmo2},
+    {"olmo3-32b", 40, 8, 128, NormOrder::kOlmo2},
+    {"minimax-m2", 48, 8, 64, NormOrder::kLlama},
+};
+
+inline EpilogueSetup setup_of(const EpilogueModel& m, int64_t tokens, uint64_t seed) {
+  EpilogueSetup s;
+  s.tokens = tokens;
+  s.q_heads = m.q_heads;
+  s.kv_heads = m.kv_heads;
+  s.rotary_dim = m.rotary_dim;
+  s.order = m.order;
+  s.seed = seed;
+  return s;
+}
+
 struct EpilogueGroup {
   std::vector<Communicator> comms;
   std::vector<Communicator*> ptrs;

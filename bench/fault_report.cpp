@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "concurrent_replays.hpp"
 #include "epilogue_problem.hpp"
 #include "failure_helpers.hpp"
 #include "problem.hpp"
@@ -165,49 +166,27 @@ void late_peer_and_recovery(std::vector<Row>& rows) {
 // Two graphs of one communicator pair replayed at once on two streams, each within half the SMs,
 // on different inputs; five attempts, a reset after each.
 void two_replays_at_once(std::vector<Row>& rows) {
-  int sms = 0;
-  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  CommConfig cfg;
-  cfg.timeout_s = 1.0;
-  cfg.sm_budget = sms / 2 - 1;
-  auto comms = Communicator::create_local_group({0, 0}, cfg);
-  std::vector<Communicator*> cp{&comms[0], &comms[1]};
-  // 4096 tokens: calls long enough for the two replays to overlap.
-  Problem pa = Problem::random(4096, kQ, kK, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 21);
-  Problem pb = Problem::random(4096, kQ, kK, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 22);
-  RankData a0 = make_rank(pa, 2, 0, Layout::kSeparate), a1 = make_rank(pa, 2, 1, Layout::kSeparate);
-  RankData b0 = make_rank(pb, 2, 0, Layout::kSeparate), b1 = make_rank(pb, 2, 1, Layout::kSeparate);
-  cudaStream_t sa = new_stream(), sb = new_stream(), sg = new_stream();
-  cudaGraphExec_t ga = capture_graph(sa, [&] {
-    launch_qk_norm_group(cp, {a0.params, a1.params}, sa);
-  });
-  cudaGraphExec_t gb = capture_graph(sb, [&] {
-    launch_qk_norm_group(cp, {b0.params, b1.params}, sb);
-  });
-  cudaEvent_t opened;
-  SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&opened, cudaEventDisableTiming));
+  ConcurrentReplays x(21, 22);
   Row r = row("two replays at once", "graphs of the same communicators on two streams, 5 attempts");
   int caught_second = 0;
   bool consistent = true;
   for (int it = 0; it < 5; ++it) {
-    for (RankData* d : {&a0, &a1, &b0, &b1}) poison(*d, nullptr);
-    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
-    const Together run = replay_together(ga, sa, gb, sb, sg, opened);
+    x.poison_all();
+    const Together run = x.replay();
     SWIFTQK_CUDA_TRY(run.a);
     SWIFTQK_CUDA_TRY(run.b);
-    const double secs = run.seconds;
     const int64_t nan_before = r.nan;
-    add(r, census_rank(pa, 2, 0, a0));
-    add(r, census_rank(pa, 2, 1, a1));
-    add(r, census_rank(pb, 2, 0, b0));
-    add(r, census_rank(pb, 2, 1, b1));
+    add(r, census_rank(x.pa, 2, 0, x.a0));
+    add(r, census_rank(x.pa, 2, 1, x.a1));
+    add(r, census_rank(x.pb, 2, 0, x.b0));
+    add(r, census_rank(x.pb, 2, 1, x.b1));
     bool failed = false;
-    for (Communicator& c : comms) {
+    for (Communicator& c : x.comms) {
       if (c.failure().code == 0u) continue;
       failed = true;
       if (c.failure().code == 2u) {
         ++caught_second;
-        r.seconds = std::max(r.seconds, secs);
+        r.seconds = std::max(r.seconds, run.seconds);
         if (r.saw.empty()) r.saw = first_line(error_of(c));
         break;
       }
@@ -215,7 +194,7 @@ void two_replays_at_once(std::vector<Row>& rows) {
     // NaN exactly when a failure was recorded: neither a silent stop nor an error with every
     // output correct.
     consistent = consistent && (r.nan > nan_before) == failed;
-    comms[0].reset();
+    x.comms[0].reset();
   }
   // Whether the two replays overlap is up to the GPU's scheduler; what must hold is that no
   // output is wrong and every attempt's outputs agree with what was recorded.
@@ -223,10 +202,6 @@ void two_replays_at_once(std::vector<Row>& rows) {
           (caught_second == 0 ? " (the replays did not overlap)" : ": " + r.saw);
   r.ok = r.wrong == 0 && consistent;
   rows.push_back(r);
-  SWIFTQK_CUDA_TRY(cudaEventDestroy(opened));
-  SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ga));
-  SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(gb));
-  for (cudaStream_t x : {sa, sb, sg}) SWIFTQK_CUDA_TRY(cudaStreamDestroy(x));
 }
 
 // Two in-process ranks that meet through IpcBootstrap, as threads of an engine would.

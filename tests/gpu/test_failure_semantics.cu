@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "concurrent_replays.hpp"
 #include "expect_error.hpp"
 #include "failure_helpers.hpp"
 #include "problem.hpp"
@@ -151,60 +152,37 @@ TEST(FailureSemantics, ReplaysAfterAFailureAreNaNAndResetRecovers) {
 // so a partial taken from the other kernel makes a row wrong.
 TEST(FailureSemantics, TwoReplaysAtOnceAreCaughtNotMixed) {
   REQUIRE_GPU();
-  int sms = 0;
-  SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  CommConfig cfg;
-  cfg.timeout_s = 1.0;
-  cfg.sm_budget = sms / 2 - 1;
-  auto comms = Communicator::create_local_group({0, 0}, cfg);
-  std::vector<Communicator*> cp{&comms[0], &comms[1]};
-  Problem p = Problem::random(4096, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 23);
-  Problem pb = Problem::random(4096, 4096, 1024, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 123);
-  RankData a0 = make_rank(p, 2, 0, Layout::kSeparate), a1 = make_rank(p, 2, 1, Layout::kSeparate);
-  RankData b0 = make_rank(pb, 2, 0, Layout::kSeparate), b1 = make_rank(pb, 2, 1, Layout::kSeparate);
-  cudaStream_t sa = new_stream(), sb = new_stream(), sg = new_stream();
-  cudaGraphExec_t ga = capture_graph(sa, [&] {
-    launch_qk_norm_group(cp, {a0.params, a1.params}, sa);
-  });
-  cudaGraphExec_t gb = capture_graph(sb, [&] {
-    launch_qk_norm_group(cp, {b0.params, b1.params}, sb);
-  });
-  cudaEvent_t opened;
-  SWIFTQK_CUDA_TRY(cudaEventCreateWithFlags(&opened, cudaEventDisableTiming));
+  ConcurrentReplays x(23, 123);
   int caught = 0;
   for (int it = 0; it < 5; ++it) {
-    for (RankData* d : {&a0, &a1, &b0, &b1}) poison(*d, nullptr);
-    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
-    const Together run = replay_together(ga, sa, gb, sb, sg, opened);
+    x.poison_all();
+    const Together run = x.replay();
     EXPECT_EQ(run.a, cudaSuccess);
     EXPECT_EQ(run.b, cudaSuccess);
     int64_t nan = 0;
-    for (auto [d, r, pr] : {std::tuple{&a0, 0, &p}, {&a1, 1, &p}, {&b0, 0, &pb}, {&b1, 1, &pb}}) {
+    for (auto [d, r, pr] :
+         {std::tuple{&x.a0, 0, &x.pa}, {&x.a1, 1, &x.pa}, {&x.b0, 0, &x.pb}, {&x.b1, 1, &x.pb}}) {
       const Census c = census_rank(*pr, 2, r, *d);
       EXPECT_EQ(c.wrong, 0) << "iteration " << it << ": a silently wrong output";
       nan += c.nan;
     }
-    const uint32_t code0 = comms[0].failure().code, code1 = comms[1].failure().code;
+    const uint32_t code0 = x.comms[0].failure().code, code1 = x.comms[1].failure().code;
     const bool failed = code0 != 0 || code1 != 0;
     EXPECT_EQ(nan > 0, failed) << "NaN without an error, or an error with every output correct";
     if (failed) {
       ++caught;
       EXPECT_TRUE(code0 == 2 || code1 == 2) << code0 << " " << code1;
-      const std::string e = error_of(code0 == 2 ? comms[0] : comms[1]);
+      const std::string e = error_of(code0 == 2 ? x.comms[0] : x.comms[1]);
       EXPECT_NE(e.find("second kernel"), std::string::npos) << e;
     }
-    comms[0].reset();
+    x.comms[0].reset();
   }
   EXPECT_GE(caught, 1) << "the two replays never overlapped: the scenario did not happen";
-  for (RankData* d : {&a0, &a1}) poison(*d, nullptr);
-  SWIFTQK_CUDA_TRY(cudaGraphLaunch(ga, sa));
-  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(sa));
-  EXPECT_EQ(check_ranks(p, 2, {&a0, &a1}).wrong, 0) << "no recovery after reset";
-  EXPECT_EQ(error_of(comms[0]), "");
-  SWIFTQK_CUDA_TRY(cudaEventDestroy(opened));
-  SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(ga));
-  SWIFTQK_CUDA_TRY(cudaGraphExecDestroy(gb));
-  for (cudaStream_t x : {sa, sb, sg}) SWIFTQK_CUDA_TRY(cudaStreamDestroy(x));
+  for (RankData* d : {&x.a0, &x.a1}) poison(*d, nullptr);
+  SWIFTQK_CUDA_TRY(cudaGraphLaunch(x.ga, x.sa));
+  SWIFTQK_CUDA_TRY(cudaStreamSynchronize(x.sa));
+  EXPECT_EQ(check_ranks(x.pa, 2, {&x.a0, &x.a1}).wrong, 0) << "no recovery after reset";
+  EXPECT_EQ(error_of(x.comms[0]), "");
 }
 
 // Virtual ranks launched apart, each on its own stream, the second 20 ms after the first: each

@@ -9,13 +9,14 @@
 #include <thread>
 
 #include "problem.hpp"
+#include "require_gpu.hpp"
 #include "sm_hog.hpp"
 
 namespace swiftqk::testing {
 namespace {
 
 TEST(Concurrency, SmBudgetLetsTheKernelRunBesideAHog) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   int sms = 0;
   SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int free_sms = 12;
@@ -63,7 +64,7 @@ TEST(Concurrency, SmBudgetLetsTheKernelRunBesideAHog) {
 // its timeout (0.2 s), long before the hog ends, or, if every block waited to be scheduled,
 // completes correctly after it. Either way no element is finite and wrong.
 TEST(Concurrency, WithoutABudgetAHogMakesTheCallFailLoudlyNotWrong) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   int sms = 0;
   SWIFTQK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   CommConfig cfg;

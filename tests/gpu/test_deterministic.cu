@@ -15,12 +15,10 @@
 #include "nccl_allreduce_fallback.hpp"
 #include "problem.hpp"
 #include "reference.hpp"
+#include "require_gpu.hpp"
 
 namespace swiftqk::testing {
 namespace {
-
-#define REQUIRE_GPU() \
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
 
 // Full outputs reassembled from the ranks' shards, and rank 0's 1/rms.
 struct Gathered {

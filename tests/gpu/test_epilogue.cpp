@@ -11,6 +11,7 @@
 #include "epilogue_group.hpp"
 #include "epilogue_problem.hpp"
 #include "expect_error.hpp"
+#include "require_gpu.hpp"
 
 namespace swiftqk::testing {
 namespace {
@@ -29,7 +30,7 @@ void run_once(const EpilogueSetup& s, int world) {
 const auto& kModels = kDesignModels;
 
 TEST(Epilogue, DesignShapesAtEveryTpDegree) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   uint64_t seed = 100;
   for (const EpilogueModel& m : kModels) {
     for (int world : {1, 2, 4, 8}) {
@@ -40,7 +41,7 @@ TEST(Epilogue, DesignShapesAtEveryTpDegree) {
 }
 
 TEST(Epilogue, StylesRotaryDimsDtypesAndLayouts) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   uint64_t seed = 500;
   for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
     for (int64_t rot : {128, 64, 32}) {
@@ -62,7 +63,7 @@ TEST(Epilogue, StylesRotaryDimsDtypesAndLayouts) {
 }
 
 TEST(Epilogue, Fp8CacheAndFp8Q) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   uint64_t seed = 900;
   for (const EpilogueModel& m : {kModels[0], kModels[3]}) {
     for (int world : {1, 4}) {
@@ -79,7 +80,7 @@ TEST(Epilogue, Fp8CacheAndFp8Q) {
 }
 
 TEST(Epilogue, HeadwiseNorms) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   uint64_t seed = 1300;
   // Qwen3: rounded, then weighted (Llama order); Gemma-3: 1 + w in fp32, rounded once.
   for (bool gemma : {false, true}) {
@@ -98,7 +99,7 @@ TEST(Epilogue, HeadwiseNorms) {
 }
 
 TEST(Epilogue, UnalignedRowsTakeTheElementPath) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
     EpilogueSetup s = setup_of(kModels[3], 45, style == RopeStyle::kNeox ? 1401 : 1402);
     s.unaligned = true;
@@ -109,7 +110,7 @@ TEST(Epilogue, UnalignedRowsTakeTheElementPath) {
 }
 
 TEST(Epilogue, ChunkedBeyondTheWorkspaceCapacity) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   CommConfig config;
   config.token_capacity = 64;
   config.chunk_oversize = true;
@@ -139,7 +140,7 @@ std::vector<uint8_t> output_bytes(const EpilogueRank& d) {
 // deferral leave every output bit as the tuned launch writes it, since they change when a row is
 // processed, not how. A deferral at TP 1 is refused by name, with nothing written.
 TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   uint64_t seed = 3100;
   int compared = 0, refused = 0;
   for (const EpilogueModel& m : {kModels[0], kModels[2], kModels[3]}) {
@@ -210,7 +211,7 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
 
 // Graphs captured once per token count replay on fresh inputs each time.
 TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   const int world = 4;
   EpilogueGroup g(world);
   cudaStream_t st;
@@ -297,20 +298,20 @@ void bad_value_case(bool position, int world) {
 }
 
 TEST(Epilogue, BadPositionIsRaisedAndWritesNothingOfThatToken) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   bad_value_case(true, 1);
   bad_value_case(true, 2);
 }
 
 TEST(Epilogue, BadSlotIsRaisedAndWritesNothingOfThatToken) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   bad_value_case(false, 1);
   bad_value_case(false, 4);
 }
 
 // A host-checkable mistake throws before anything is written.
 TEST(Epilogue, BadParamsThrowAndWriteNothing) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   const EpilogueHost h = EpilogueHost::random(setup_of(kModels[0], 20, 2400));
   EpilogueGroup g(2);
   EpilogueRanks r = make_ranks(h, 2, 2401);
@@ -331,7 +332,7 @@ TEST(Epilogue, BadParamsThrowAndWriteNothing) {
 // The check itself can fail: a gold of the other rotation style, and one stray cache byte, are
 // both caught.
 TEST(Epilogue, CheckCatchesAWrongRotationAndAStrayCacheWrite) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   const EpilogueHost h = EpilogueHost::random(setup_of(kModels[0], 40, 2500));
   EpilogueGroup g(1);
   EpilogueRanks r = make_ranks(h, 1, 2501);

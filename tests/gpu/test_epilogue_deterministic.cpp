@@ -14,6 +14,7 @@
 #include "epilogue_group.hpp"
 #include "epilogue_problem.hpp"
 #include "expect_error.hpp"
+#include "require_gpu.hpp"
 
 namespace swiftqk::testing {
 namespace {
@@ -134,7 +135,7 @@ std::vector<int> tp_degrees(const EpilogueModel& m) {
 }
 
 TEST(EpilogueDeterministic, EveryTpDegreeWritesTheSameBits) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   uint64_t seed = 7100;
   int compared = 0, default_differs = 0;
   for (const EpilogueModel& m : kModels) {
@@ -158,7 +159,7 @@ TEST(EpilogueDeterministic, EveryTpDegreeWritesTheSameBits) {
 }
 
 TEST(EpilogueDeterministic, Fp8CachesAndFp8QKeepTheBitsAcrossTp) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   uint64_t seed = 7300;
   for (const EpilogueModel& m : {kModels[1], kModels[3]}) {
     EpilogueSetup s = setup_of(m, 257, ++seed);
@@ -178,7 +179,7 @@ TEST(EpilogueDeterministic, Fp8CachesAndFp8QKeepTheBitsAcrossTp) {
 // The element path (rows one element off 16 bytes: the canonical sums still read the staged row
 // in 16-byte vectors), GPT-J with partial rotary into an HND cache with k_out, and f16.
 TEST(EpilogueDeterministic, OtherPathsKeepTheBitsAcrossTp) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   uint64_t seed = 7900;
   for (int variant = 0; variant < 3; ++variant) {
     EpilogueSetup s = setup_of(kModels[0], 211, ++seed);  // OLMoE's heads
@@ -202,7 +203,7 @@ TEST(EpilogueDeterministic, OtherPathsKeepTheBitsAcrossTp) {
 // Chunks (a workspace of 256 token slots) and launch shapes change when and where a row is
 // processed, never its bits.
 TEST(EpilogueDeterministic, ChunksAndForcedLaunchShapesKeepTheBits) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   const EpilogueModel& m = kModels[3];  // MiniMax-M2: partial rotary, 48 and 8 heads
   const EpilogueHost h = EpilogueHost::random(setup_of(m, 1000, 7500));
   const Outputs tp1 = run(h, 1, true);
@@ -232,7 +233,7 @@ TEST(EpilogueDeterministic, ChunksAndForcedLaunchShapesKeepTheBits) {
 // 4096-token batch at TP 4, launched alone (its rows, position and slot as one-token views),
 // writes the bytes the batch wrote for it, and the bytes TP 1's batch wrote for it.
 TEST(EpilogueDeterministic, ATokenAloneWritesTheBitsItWritesInABatch) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   const EpilogueModel& m = kModels[1];
   EpilogueSetup s = setup_of(m, 4096, 7700);
   s.padding = 0.0;  // every token has a slot
@@ -284,7 +285,7 @@ TEST(EpilogueDeterministic, ATokenAloneWritesTheBitsItWritesInABatch) {
 }
 
 TEST(EpilogueDeterministic, TpAndWidthsOutsideTheCanonicalOrderAreRefusedWithNothingWritten) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   // 3 heads of 40: rows of 120 elements, not 16 segments of 8-element vectors (128).
   EpilogueSetup s;
   s.tokens = 5;

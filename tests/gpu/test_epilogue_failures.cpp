@@ -13,12 +13,10 @@
 #include "epilogue_problem.hpp"
 #include "expect_error.hpp"
 #include "failure_helpers.hpp"
+#include "require_gpu.hpp"
 
 namespace swiftqk::testing {
 namespace {
-
-#define REQUIRE_GPU() \
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
 
 constexpr int kWorld = 2;
 

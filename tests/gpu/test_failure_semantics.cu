@@ -19,13 +19,11 @@
 #include "expect_error.hpp"
 #include "failure_helpers.hpp"
 #include "problem.hpp"
+#include "require_gpu.hpp"
 #include "stream_gate.hpp"
 
 namespace swiftqk::testing {
 namespace {
-
-#define REQUIRE_GPU() \
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
 
 // A late peer: rank 0 times out alone, then rank 1 calls. Rank 0's error names rank 1 and a
 // token; rank 1 stops at once (it does not wait out its own timeout) and names rank 0; both
@@ -242,7 +240,7 @@ struct IpcPair {
 // connect, on both ranks, naming the field, before any peer is mapped; the same handles with
 // agreeing configurations then connect.
 TEST(FailureSemantics, RanksThatDisagreeOnTheirConfigurationAreRefusedAtConnect) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   const CommConfig base;
   std::vector<std::pair<CommConfig, const char*>> cases;
   CommConfig c = base;

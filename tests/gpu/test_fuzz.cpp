@@ -14,12 +14,10 @@
 #include <vector>
 
 #include "problem.hpp"
+#include "require_gpu.hpp"
 
 namespace swiftqk::testing {
 namespace {
-
-#define REQUIRE_GPU() \
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
 
 constexpr uint64_t kSeed = 0x5eed'f022'2026ull;
 constexpr int kCases = 80;

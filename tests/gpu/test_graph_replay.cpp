@@ -7,12 +7,10 @@
 
 #include "comm_state.hpp"
 #include "problem.hpp"
+#include "require_gpu.hpp"
 
 namespace swiftqk::testing {
 namespace {
-
-#define REQUIRE_GPU() \
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
 
 // One graph per token count (as engines capture one per batch size), replayed interleaved,
 // with fresh inputs before every replay and an eager call mixed in.
@@ -153,7 +151,7 @@ namespace swiftqk::testing {
 namespace {
 
 TEST(Soak, MillionReplaysAcrossTheCounterWrap) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   const int world = 4;
   auto comms = Communicator::create_local_group(std::vector<int>(world, 0));
   std::vector<Communicator*> cp;

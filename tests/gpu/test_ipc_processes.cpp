@@ -15,6 +15,7 @@
 
 #include "problem.hpp"
 #include "protocol.hpp"
+#include "require_gpu.hpp"
 
 extern char** environ;
 
@@ -78,14 +79,14 @@ int run_group(int world, int64_t tokens, int calls, int fault_rank = -1, int fau
 }
 
 TEST(IpcProcesses, TwoRanks) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   EXPECT_EQ(run_group(2, 96, 6), 0);
 }
 
 // A peer process that dies in the middle of a run (after two good calls): the survivors fail
 // with a clear error within their timeout; nothing hangs.
 TEST(IpcProcesses, KilledPeerMakesSurvivorsFailInTime) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   EXPECT_EQ(run_group(4, 40, 6, /*fault_rank=*/2, /*fault_call=*/2), 0);
 }
 
@@ -93,25 +94,25 @@ TEST(IpcProcesses, KilledPeerMakesSurvivorsFailInTime) {
 // raises, the late one at once; no output is finite and wrong; a graph captured before the fault
 // replays as NaN; a collective reset() then gives correct eager calls and replays of that graph.
 TEST(IpcProcesses, LatePeerFailsLoudlyAndResetRecovers) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   EXPECT_EQ(run_group(2, 64, 6, /*fault_rank=*/1, /*fault_call=*/2, 0, 4096, 1024, "late"), 0);
 }
 
 TEST(IpcProcesses, FourRanksLatePeerResetRecovers) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   EXPECT_EQ(run_group(4, 40, 5, /*fault_rank=*/3, /*fault_call=*/1, 0, 5120, 1024, "late"), 0);
 }
 
 // Teardown while a peer is late: the punctual processes' close() waits at its barrier for the
 // late one (no peer can still write into memory that is unmapped and freed), and all succeed.
 TEST(IpcProcesses, CloseWaitsForALatePeerProcess) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   EXPECT_EQ(run_group(3, 32, 2, /*fault_rank=*/0, /*fault_call=*/0, 0, 3072, 1536, "late_close"),
             0);
 }
 
 TEST(IpcProcesses, FourRanks) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   EXPECT_EQ(run_group(4, 33, 4), 0);
 }
 
@@ -119,7 +120,7 @@ TEST(IpcProcesses, FourRanks) {
 // source-major slots): they agree on the slot order without exchanging it. Device -1 puts rank r
 // on GPU r mod #GPUs, so on one GPU the eight time-slice it.
 TEST(IpcProcesses, EightRanksShortRowsSourceMajorSlots) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   ASSERT_EQ(choose_slot_layout(8, 2048, 2048, 512), SlotLayout::kSourceMajor);
   EXPECT_EQ(run_group(8, 512, 3, -1, -1, /*device=*/-1, 2048, 2048), 0);
 }

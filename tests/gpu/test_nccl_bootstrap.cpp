@@ -11,6 +11,7 @@
 #include "nccl_allreduce_fallback.hpp"
 #include "problem.hpp"
 #include "protocol.hpp"
+#include "require_gpu.hpp"
 
 namespace swiftqk::testing {
 namespace {
@@ -18,7 +19,7 @@ namespace {
 class NcclGroupOfOne : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+    REQUIRE_GPU();
     SWIFTQK_CUDA_TRY(cudaSetDevice(0));
     ncclUniqueId id;
     SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
@@ -188,7 +189,7 @@ TEST_F(NcclGroupOfOne, BaselinesReplayFromGraphsAfterAnEagerWarmUp) {
 }
 
 TEST(NcclBaselines, NeedNcclBeyondOneRank) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   auto comms = Communicator::create_local_group({0, 0});
   Problem p = Problem::random(8, 2048, 2048, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 5);
   RankData d = make_rank(p, 2, 0, Layout::kSeparate);

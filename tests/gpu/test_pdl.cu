@@ -9,6 +9,7 @@
 
 #include "expect_error.hpp"
 #include "problem.hpp"
+#include "require_gpu.hpp"
 
 namespace swiftqk::testing {
 namespace {
@@ -47,8 +48,8 @@ bool pdl_supported() {
   return major >= 9;
 }
 
-#define REQUIRE_PDL_GPU()                                                          \
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"; \
+#define REQUIRE_PDL_GPU() \
+  REQUIRE_GPU();          \
   if (!pdl_supported()) GTEST_SKIP() << "programmatic dependent launch needs sm_90 or later"
 
 // One data set of a group: every rank's buffers, and a copy of their inputs the producer
@@ -191,7 +192,7 @@ INSTANTIATE_TEST_SUITE_P(
     pdl_case_name);
 
 TEST(PdlGroup, RanksMustAgree) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   auto comms = Communicator::create_local_group({0, 0});
   std::vector<Communicator*> cp = {&comms[0], &comms[1]};
   Problem p = Problem::random(8, 256, 256, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 5);

@@ -10,6 +10,7 @@
 #include "comm_state.hpp"
 #include "problem.hpp"
 #include "protocol.hpp"
+#include "require_gpu.hpp"
 
 namespace swiftqk::testing {
 namespace {
@@ -84,7 +85,7 @@ void run_checked(std::vector<Communicator>& comms, int64_t tokens, uint64_t seed
 }
 
 TEST(SlotScrub, ScrubCallsZeroTheirWholeBankOrdinaryCallsLeaveTheirSlots) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped";
+  REQUIRE_GPU();
   for (int world : {2, 4, 8}) {
     SCOPED_TRACE("world " + std::to_string(world));
     CommConfig cfg;

@@ -8,12 +8,10 @@
 #include <vector>
 
 #include "problem.hpp"
+#include "require_gpu.hpp"
 
 namespace swiftqk::testing {
 namespace {
-
-#define REQUIRE_GPU() \
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"
 
 enum class Launch { kGroup, kPerRankStreams };
 

@@ -22,3 +22,12 @@ def swiftqk_or_skip():
 def cuda_or_skip():
     if torch is None or not torch.cuda.is_available():
         pytest.skip("no CUDA GPU on this machine: GPU test skipped")
+
+
+@pytest.fixture
+def sq():
+    """The swiftqk module, for a test that needs its built extension and a CUDA GPU; the test
+    skips, saying which is missing, otherwise."""
+    swiftqk = swiftqk_or_skip()
+    cuda_or_skip()
+    return swiftqk

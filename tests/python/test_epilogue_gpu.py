@@ -11,17 +11,9 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
 import torch.multiprocessing as mp  # noqa: E402
 
 import epilogue_problem as ep  # noqa: E402
-from conftest import cuda_or_skip, swiftqk_or_skip  # noqa: E402
 from epilogue_problem import FP8, Problem, Rank, Setup, bits  # noqa: E402
 from epilogue_reference import cache_rows, partner_index  # noqa: E402
 from reference import init_method, rank_sharing_gpu0  # noqa: E402
-
-
-@pytest.fixture
-def sq():
-    swiftqk = swiftqk_or_skip()
-    cuda_or_skip()
-    return swiftqk
 
 
 def _sync():

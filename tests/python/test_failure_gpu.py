@@ -8,15 +8,7 @@ import time
 import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
 
-from conftest import cuda_or_skip, swiftqk_or_skip
 from reference import count_wrong, random_rows, random_weight, rms_norm_fp64
-
-
-@pytest.fixture
-def sq():
-    swiftqk = swiftqk_or_skip()
-    cuda_or_skip()
-    return swiftqk
 
 
 HQ, HK, EPS = 2048, 512, 1e-6

@@ -7,15 +7,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
 import torch.multiprocessing as mp
 
-from conftest import cuda_or_skip, swiftqk_or_skip
-from reference import count_wrong, random_rows, random_weight, rms_norm_fp64, init_method, rank_sharing_gpu0
-
-
-@pytest.fixture
-def sq():
-    swiftqk = swiftqk_or_skip()
-    cuda_or_skip()
-    return swiftqk
+from reference import (count_wrong, init_method, random_rows, random_weight, rank_sharing_gpu0,
+                       rms_norm_fp64)
 
 
 def _fused_qkv(tokens, hq, hk, dtype, seed):

@@ -145,15 +145,8 @@ void late_peer_and_recovery(std::vector<Row>& rows) {
   SWIFTQK_CUDA_TRY(cudaStreamSynchronize(s));
   add(e, census_rank(p, 2, 0, r0));
   add(e, census_rank(p, 2, 1, r1));
-  const std::vector<uint8_t> want0 = output_bytes(r0), want1 = output_bytes(r1);
-  int64_t mismatched = 0;
-  for (int i = 0; i < 1000; ++i) {
-    poison(r0, s);
-    poison(r1, s);
-    SWIFTQK_CUDA_TRY(cudaGraphLaunch(before, s));
-    SWIFTQK_CUDA_TRY(cudaStreamSynchronize(s));
-    if (output_bytes(r0) != want0 || output_bytes(r1) != want1) ++mismatched;
-  }
+  const int mismatched =
+      replays_unlike(before, s, {&r0, &r1}, {output_bytes(r0), output_bytes(r1)}, 1000);
   e.saw = std::to_string(1000 - mismatched) + " of 1000 replays equal to the checked call";
   e.wrong += mismatched;
   e.ok = e.wrong == 0 && e.nan == 0 && error_of(comms[0]).empty();

@@ -19,15 +19,6 @@
 namespace swiftqk::testing {
 namespace {
 
-struct Group {
-  std::vector<Communicator> comms;
-  std::vector<Communicator*> ptrs;
-  explicit Group(int world, const CommConfig& config = {}) {
-    comms = Communicator::create_local_group(std::vector<int>(world, 0), config);
-    for (auto& c : comms) ptrs.push_back(&c);
-  }
-};
-
 std::vector<uint8_t> download(const void* p, std::size_t bytes) {
   std::vector<uint8_t> out(bytes);
   if (bytes > 0) SWIFTQK_CUDA_TRY(cudaMemcpy(out.data(), p, bytes, cudaMemcpyDeviceToHost));
@@ -90,7 +81,7 @@ struct Outputs {
 // model-level bytes.
 Outputs run(const EpilogueHost& h, int world, bool deterministic, const EpilogueTuning& tuning = {},
             const CommConfig& config = {}) {
-  Group g(world, config);
+  EpilogueGroup g(world, config);
   std::vector<EpilogueRank> d;
   std::vector<CacheSnapshot> before;
   std::vector<QkEpilogueParams> params;
@@ -239,7 +230,7 @@ TEST(EpilogueDeterministic, ATokenAloneWritesTheBitsItWritesInABatch) {
   s.padding = 0.0;  // every token has a slot
   const EpilogueHost h = EpilogueHost::random(s);
   const int world = 4;
-  Group g(world);
+  EpilogueGroup g(world);
   std::vector<EpilogueRank> d;
   std::vector<QkEpilogueParams> params;
   for (int i = 0; i < world; ++i) {
@@ -294,7 +285,7 @@ TEST(EpilogueDeterministic, TpAndWidthsOutsideTheCanonicalOrderAreRefusedWithNot
   s.head_dim = 40;
   s.rotary_dim = 40;
   const EpilogueHost h = EpilogueHost::random(s);
-  Group g(1);
+  EpilogueGroup g(1);
   EpilogueRank d = make_epilogue_rank(h, 1, 0);
   poison_epilogue(d, 5, nullptr);
   const std::vector<uint8_t> q_before = download(d.qkv.get(), d.qkv.bytes());

@@ -49,4 +49,22 @@ inline std::vector<uint8_t> output_bytes(const RankData& d) {
   return b;
 }
 
+/// Replays `graph` n times on s, each rank's outputs poisoned before each replay, and counts the
+/// replays whose outputs differ in any byte from `want` (each rank's output_bytes of a checked
+/// call).
+inline int replays_unlike(cudaGraphExec_t graph, cudaStream_t s,
+                          const std::vector<RankData*>& ranks,
+                          const std::vector<std::vector<uint8_t>>& want, int n) {
+  int unlike = 0;
+  for (int i = 0; i < n; ++i) {
+    for (RankData* d : ranks) poison(*d, s);
+    SWIFTQK_CUDA_TRY(cudaGraphLaunch(graph, s));
+    bool same = true;
+    for (std::size_t r = 0; r < ranks.size(); ++r)
+      same = same && output_bytes(*ranks[r]) == want[r];
+    if (!same) ++unlike;
+  }
+  return unlike;
+}
+
 }  // namespace swiftqk::testing

@@ -214,7 +214,8 @@ bool grid_is_full(int64_t tokens, int ranks, int tokens_per_block, int max_block
 }
 
 DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
-                                              int world, int block_threads, int forced_vpt) {
+                                              int world, int block_threads, int forced_vpt,
+                                              int64_t tokens) {
   SWIFTQK_EXPECTS(world >= 1 && world <= kCanonicalSegments && (world & (world - 1)) == 0,
                   "deterministic mode: TP degree " + std::to_string(world) +
                       " must be a power of two up to " + std::to_string(kCanonicalSegments));
@@ -246,10 +247,14 @@ DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, 
       if (fit > vpt || vpt > kMaxVectorsPerThread || lanes > vpt || group < min_group) continue;
       const int64_t slots = static_cast<int64_t>(group) * vpt;
       // Forced: the first that fits. Else the fewest slots, then 4 vectors a thread (the
-      // default layouts' count), then the fewest threads.
+      // default layouts' count), then the fewest threads; but at many tokens 8 vectors a thread
+      // keep their place before a one-lane layout of 4 (kDetEightFromTokens).
+      const bool keep_eight =
+          tokens >= kDetEightFromTokens && d.shape.vectors_per_thread == 8 && lanes == 1;
       const bool better =
-          !found || (forced_vpt == 0 && (slots < best_slots || (slots == best_slots && vpt == 4 &&
-                                                                d.shape.vectors_per_thread != 4)));
+          !found || (forced_vpt == 0 &&
+                     (slots < best_slots || (slots == best_slots && vpt == 4 &&
+                                             d.shape.vectors_per_thread != 4 && !keep_eight)));
       if (!better) continue;
       found = true;
       best_slots = slots;
@@ -357,7 +362,7 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
   // must still get one.
   const DeterministicShape det =
       r.deterministic ? deterministic_kernel_shape(qw, kw, r.vec_elems, r.world, block_target,
-                                                   t.vectors_per_thread)
+                                                   t.vectors_per_thread, launch_tokens)
                       : DeterministicShape{};
   auto layout_for = [&](const PipelineDepth& depth) {
     if (r.deterministic) return layout_of(depth, det.shape);

@@ -134,6 +134,11 @@ constexpr int kMaxGroupsPerBlock = 15;
 constexpr int kMinGroupThreads = 8;
 constexpr int kMaxVectorsPerThread = 8;
 
+/// Deterministic mode: from this many tokens a launch, 8 vectors a thread beat a one-lane layout
+/// of 4 with as many slots (OLMo2-13B's 40-vector segments at TP 1-8: 3-14% faster at 4096 and
+/// 16384 tokens, 8-12% slower at 64; docs/performance.md, "Deterministic mode").
+constexpr int64_t kDetEightFromTokens = 4096;
+
 /// @brief The kernel shape of the deterministic mode for local widths q_width, k_width (elements)
 /// of vec_elems-element vectors at TP `world` (a power of two dividing kCanonicalSegments). A
 /// segment of the rank's row takes P = 32 / det_lanes threads, so thread p of it holds the
@@ -141,8 +146,9 @@ constexpr int kMaxVectorsPerThread = 8;
 /// rank's 16 / world segments; each thread stages q_slots vectors of Q from its first slot up and
 /// the vectors of K from its last slot down. P is the one whose layout has the fewest slots
 /// (group_threads x vectors_per_thread) and, among those, 4 vectors a thread or else the fewest
-/// threads, with at most kMaxVectorsPerThread, at least det_lanes slots a thread and a group wide
-/// enough for the exchange (kMinGroupThreads, world). forced_vpt (LaunchTuning::
+/// threads (but from kDetEightFromTokens `tokens` a launch, 8 vectors a thread before a one-lane
+/// layout of 4), with at most kMaxVectorsPerThread, at least det_lanes slots a thread and a group
+/// wide enough for the exchange (kMinGroupThreads, world). forced_vpt (LaunchTuning::
 /// vectors_per_thread; 0: the policy) takes the fewest threads whose slots fit in that many a
 /// thread. vectors_per_thread 0 (streamed, one warp a segment) when no layout fits or the row is
 /// too wide to stage. tokens_per_block fills block_threads within the shared memory of the
@@ -153,7 +159,8 @@ struct DeterministicShape {
   int q_slots = 0;
 };
 DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
-                                              int world, int block_threads, int forced_vpt = 0);
+                                              int world, int block_threads, int forced_vpt = 0,
+                                              int64_t tokens = 0);
 
 /// Shared memory the staged rows of one block may fill at the deepest ring (kMaxStages), so
 /// every stage depth fits the 227 KB a block may use, weights included.

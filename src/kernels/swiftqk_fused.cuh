@@ -27,12 +27,15 @@ namespace swiftqk::detail {
 /// deterministic layouts (det_lanes canonical lanes a thread) spill under those caps: alone they
 /// take 56, and with peers 72 when a thread holds several lanes; one-lane layouts (a warp a
 /// segment, OLMo2-13B's) keep 64 with peers, where 72 left fewer of their 256-thread blocks an SM
-/// and was slower than the spill (CHANGELOG.md).
+/// and was slower than the spill (CHANGELOG.md). Eight vectors a thread in the deterministic mode
+/// spilled 56-112 bytes a thread at 64, alone and with peers; ptxas needs 95 for none.
 constexpr int kAloneMaxRegs = 48;
 constexpr int kMaxRegs = 64;
 constexpr int kDetAloneMaxRegs = 56;
 constexpr int kDetLanesMaxRegs = 72;
+constexpr int kDetEightMaxRegs = 96;
 constexpr int max_regs(bool alone, int vpt, int det_lanes) {
+  if (det_lanes > 0 && vpt == 8) return kDetEightMaxRegs;
   if (det_lanes > 0 && vpt > 0 && vpt < 8) {
     if (alone) return kDetAloneMaxRegs;
     return det_lanes > 1 ? kDetLanesMaxRegs : kMaxRegs;

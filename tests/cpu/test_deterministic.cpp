@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -130,6 +131,36 @@ TEST(DeterministicShape, FewestSlotsThenFourVectorsAThread) {
   EXPECT_EQ(wide.shape.vectors_per_thread, 0);
   EXPECT_EQ(wide.shape.det_lanes, 1);
   EXPECT_EQ(wide.shape.group_threads, 512);
+}
+
+// From kDetEightFromTokens tokens a launch, 8 vectors a thread keep their place before a one-lane
+// layout of 4 with as many slots (OLMo2-13B's 40-vector segments); the other ties stay at 4.
+TEST(DeterministicShape, ManyTokensTakeEightVectorsBeforeOneLane) {
+  for (int world : {1, 2, 8, 16}) {
+    const int64_t qw = 5120 / world;
+    const std::string at = "OLMo2-13B TP " + std::to_string(world);
+    const DeterministicShape few = deterministic_kernel_shape(qw, qw, 8, world, 256, 0, 64);
+    EXPECT_EQ(few.shape.vectors_per_thread, 4) << at;
+    EXPECT_EQ(few.shape.det_lanes, 1) << at;
+    const DeterministicShape just_below =
+        deterministic_kernel_shape(qw, qw, 8, world, 256, 0, kDetEightFromTokens - 1);
+    EXPECT_EQ(just_below.shape.vectors_per_thread, 4) << at;
+    const DeterministicShape many =
+        deterministic_kernel_shape(qw, qw, 8, world, 256, 0, kDetEightFromTokens);
+    EXPECT_EQ(many.shape.vectors_per_thread, 8) << at;
+    EXPECT_EQ(many.shape.det_lanes, 2) << at;
+    EXPECT_EQ(many.shape.group_threads * many.shape.vectors_per_thread,
+              few.shape.group_threads * few.shape.vectors_per_thread)
+        << at << ": as many slots";
+    EXPECT_EQ(many.q_slots, 3) << at;
+  }
+  // Ties whose 4-vector layout holds several lanes a thread keep 4 at any token count: OLMoE
+  // (8 threads of 4 lanes a segment) and MiniMax-M2 (16 of 2).
+  for (const auto& [q, k] : {std::pair<int64_t, int64_t>{2048, 2048}, {6144, 1024}}) {
+    const DeterministicShape d = deterministic_kernel_shape(q, k, 8, 1, 256, 0, 16384);
+    EXPECT_EQ(d.shape.vectors_per_thread, 4) << q << ":" << k;
+    EXPECT_GT(d.shape.det_lanes, 1) << q << ":" << k;
+  }
 }
 
 // Every layout the policy may take holds the canonical structure: P = 32 / lanes threads a

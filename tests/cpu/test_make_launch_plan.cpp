@@ -436,7 +436,7 @@ TEST(MakeLaunchPlan, DeterministicModeTakesItsOwnShapeAndTheDefaultOrders) {
         const LaunchPlan plan = plan_of(r);
         const DeterministicShape want = deterministic_kernel_shape(
             m.q / world, m.k / world, 8, world,
-            world == 1 ? kDefaultBlockThreadsAlone : kDefaultBlockThreads);
+            world == 1 ? kDefaultBlockThreadsAlone : kDefaultBlockThreads, 0, plan.full.tokens);
         EXPECT_EQ(plan.shape.group_threads, want.shape.group_threads) << m.name << " TP " << world;
         EXPECT_EQ(plan.shape.vectors_per_thread, want.shape.vectors_per_thread) << m.name;
         EXPECT_EQ(plan.det_q_slots, want.q_slots) << m.name << " TP " << world;

@@ -13,6 +13,9 @@ HARNESS = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "e2e_deco
 
 def test_decode_harness_cpu_smoke(tmp_path):
     pytest.importorskip("torch")
+    from conftest import swiftqk_or_skip
+
+    swiftqk_or_skip()  # the harness builds its layers on swiftqk.tp_attention
     out = tmp_path / "e2e.json"
     subprocess.run([sys.executable, HARNESS, "--device", "cpu", "--model", "tiny", "--layers", "1",
                     "--batch", "1,2", "--context", "8", "--iters", "3",

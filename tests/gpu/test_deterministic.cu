@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -165,21 +166,36 @@ std::vector<Case> tp_cases() {
 INSTANTIATE_TEST_SUITE_P(Deterministic, TpInvariant, ::testing::ValuesIn(tp_cases()),
                          [](const auto& info) { return name_of(info.param); });
 
+// The NCCL fallback's group of one rank (no P2P), made once for all the runs of a test: an NCCL
+// communicator takes far longer to create than a run.
+struct FallbackGroup {
+  ncclComm_t nccl = nullptr;
+  std::optional<Communicator> comm;
+  FallbackGroup() {
+    ncclUniqueId id;
+    SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
+    SWIFTQK_NCCL_TRY(ncclCommInitRank(&nccl, 1, id, 0));
+    CommConfig cfg;
+    cfg.use_p2p = false;
+    comm.emplace(Communicator::from_nccl(nccl, cfg, nullptr));
+    EXPECT_FALSE(comm->p2p());
+  }
+  ~FallbackGroup() {
+    comm.reset();  // the communicator goes before the NCCL group it was made from
+    const ncclResult_t r = ncclCommDestroy(nccl);
+    EXPECT_EQ(r, ncclSuccess) << ncclGetErrorString(r);
+  }
+  FallbackGroup(const FallbackGroup&) = delete;
+  FallbackGroup& operator=(const FallbackGroup&) = delete;
+};
+
 // The NCCL fallback (a group without P2P) in the deterministic mode at TP `world` on one GPU: a
 // group of one runs launch_qk_norm end to end (its partials and scale); for TP 2-16, where NCCL
 // would need a GPU per rank, each virtual rank's canonical partials go into the buffer where
 // ncclAllGather puts them, then each rank's rank tree and scale run as the fallback runs them.
-Gathered run_fallback_at(const Problem& p, int world) {
-  ncclUniqueId id;
-  SWIFTQK_NCCL_TRY(ncclGetUniqueId(&id));
-  ncclComm_t nccl = nullptr;
-  SWIFTQK_NCCL_TRY(ncclCommInitRank(&nccl, 1, id, 0));
+Gathered run_fallback_at(Communicator& comm, const Problem& p, int world) {
   Gathered g;
   {
-    CommConfig cfg;
-    cfg.use_p2p = false;
-    Communicator comm = Communicator::from_nccl(nccl, cfg, nullptr);
-    EXPECT_FALSE(comm.p2p());
     std::vector<RankData> ranks;
     for (int r = 0; r < world; ++r) {
       ranks.push_back(make_rank(p, world, r, Layout::kSeparate));
@@ -225,7 +241,6 @@ Gathered run_fallback_at(const Problem& p, int world) {
     EXPECT_EQ(chk.wrong, 0) << "fallback TP " << world << ": " << chk.first_error;
     g = gather_outputs(p, world, ranks);
   }
-  ncclCommDestroy(nccl);
   return g;
 }
 
@@ -233,6 +248,7 @@ Gathered run_fallback_at(const Problem& p, int world) {
 // canonical partials, the rank tree over the gathered partials and the same scale.
 TEST(Deterministic, TheNcclFallbackWritesTheFusedPathsBits) {
   REQUIRE_GPU();
+  FallbackGroup group;
   int compared = 0;
   for (const Case& c : tp_cases()) {
     if (c.capacity != 16384 || c.tokens > 4096) continue;  // one chunk: the fallback's path
@@ -240,7 +256,8 @@ TEST(Deterministic, TheNcclFallbackWritesTheFusedPathsBits) {
     const Gathered fused = run_at(p, 1);
     for (int world : {1, 2, 4, 8, 16}) {
       if (!tp_allowed(p, world)) continue;
-      EXPECT_EQ(first_difference(fused, run_fallback_at(p, world), dtype_size(p.out())), "")
+      EXPECT_EQ(
+          first_difference(fused, run_fallback_at(*group.comm, p, world), dtype_size(p.out())), "")
           << name_of(c) << ": the fallback at TP " << world << " differs from the fused TP 1";
       ++compared;
     }

@@ -213,13 +213,11 @@ bool grid_is_full(int64_t tokens, int ranks, int tokens_per_block, int max_block
   return g.blocks_per_rank < ceil_div(tokens, tokens_per_block);
 }
 
-DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
-                                              int world, int block_threads, int forced_vpt,
-                                              int64_t tokens) {
+void check_canonical_split(int64_t q_width, int64_t k_width, int vec_elems, int world) {
   SWIFTQK_EXPECTS(world >= 1 && world <= kCanonicalSegments && (world & (world - 1)) == 0,
                   "deterministic mode: TP degree " + std::to_string(world) +
                       " must be a power of two up to " + std::to_string(kCanonicalSegments));
-  const int segments = kCanonicalSegments / world;  // per rank, of Q and of K each
+  const int segments = kCanonicalSegments / world;
   const int64_t unit = static_cast<int64_t>(segments) * vec_elems;
   SWIFTQK_EXPECTS(
       vec_elems > 1 && q_width > 0 && k_width > 0 && q_width % unit == 0 && k_width % unit == 0,
@@ -227,6 +225,14 @@ DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, 
           std::to_string(k_width) + " must be multiples of " + std::to_string(unit) + " (" +
           std::to_string(segments) + " segments of " + std::to_string(vec_elems) +
           "-element vectors)");
+}
+
+DeterministicShape deterministic_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
+                                              int world, int block_threads, int forced_vpt,
+                                              int64_t tokens) {
+  check_canonical_split(q_width, k_width, vec_elems, world);
+  const int segments = kCanonicalSegments / world;  // per rank, of Q and of K each
+  const int64_t unit = static_cast<int64_t>(segments) * vec_elems;
   SWIFTQK_EXPECTS(forced_vpt == 0 || forced_vpt == 2 || forced_vpt == 4 || forced_vpt == 8,
                   "deterministic mode: vectors per thread must be 0 (the policy), 2, 4 or 8, not " +
                       std::to_string(forced_vpt));

@@ -139,6 +139,12 @@ constexpr int kMaxVectorsPerThread = 8;
 /// 16384 tokens, 8-12% slower at 64; docs/performance.md, "Deterministic mode").
 constexpr int64_t kDetEightFromTokens = 4096;
 
+/// @brief Throws naming the TP degree (a power of two up to kCanonicalSegments) or the local
+/// widths (multiples of the rank's 16 / world segments of vec_elems-element vectors) that allow
+/// no canonical order (docs/design.md, "Deterministic mode"): the check the fused kernel's and
+/// the epilogue's deterministic launches share.
+void check_canonical_split(int64_t q_width, int64_t k_width, int vec_elems, int world);
+
 /// @brief The kernel shape of the deterministic mode for local widths q_width, k_width (elements)
 /// of vec_elems-element vectors at TP `world` (a power of two dividing kCanonicalSegments). A
 /// segment of the rank's row takes P = 32 / det_lanes threads, so thread p of it holds the

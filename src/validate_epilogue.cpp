@@ -11,7 +11,7 @@
 #include "epilogue_plan.hpp"
 #include "extent.hpp"
 #include "kernels/launch_args.hpp"
-#include "protocol.hpp"
+#include "launch_plan.hpp"
 #include "swiftqk/error.hpp"
 #include "swiftqk/qk_epilogue_params.hpp"
 
@@ -169,16 +169,7 @@ void check_scalars(const QkEpilogueParams& p, int world_size) {
                   "weight_plus_one (Gemma-3's 1 + w) needs scope == NormScope::kHeadwise");
   if (p.deterministic && p.scope == NormScope::kLayerwise) {
     // The canonical order: 16 segments of each full row, rank r holding 16 / world of them.
-    SWIFTQK_EXPECTS(world_size <= kCanonicalSegments && (world_size & (world_size - 1)) == 0,
-                    "deterministic mode: TP degree " + num(world_size) +
-                        " must be a power of two up to " + num(kCanonicalSegments));
-    const int64_t vec = 16 / static_cast<int64_t>(dtype_size(p.dtype));
-    const int64_t unit = (kCanonicalSegments / world_size) * vec;
-    SWIFTQK_EXPECTS(qw % unit == 0 && kw % unit == 0,
-                    "deterministic mode: local widths " + num(qw) + " and " + num(kw) +
-                        " must be multiples of " + num(unit) + " (" +
-                        num(kCanonicalSegments / world_size) + " segments of " + num(vec) +
-                        "-element vectors)");
+    check_canonical_split(qw, kw, static_cast<int>(16 / dtype_size(p.dtype)), world_size);
   }
 
   SWIFTQK_EXPECTS(p.q_out_dtype == p.dtype || p.q_out_dtype == DType::kF8E4M3,

@@ -86,9 +86,12 @@ __device__ __forceinline__ int claim_rank_at_entry(const Args& a, const RankArgs
 
 /// Thread 0, after every thread of the block is done: counts the block as finished and returns
 /// true in the rank's last block to finish, which has reset the count and must then release the
-/// rank (release_rank).
+/// rank (release_rank). A rank of one block is its own last block: it leaves the count at its
+/// rest value 0 and skips the atomic, whose round trip would delay the release and the kernel's
+/// end (launches of a few tokens run one block a rank).
 template <class Args>
 __device__ __forceinline__ bool last_block_of_rank(const Args& a, const RankArgs& ra) {
+  if (a.blocks_per_rank == 1) return true;
   const uint32_t prev = atomicAdd(&ra.state->blocks_done, 1u);
   if (prev != static_cast<uint32_t>(a.blocks_per_rank) - 1u) return false;
   ra.state->blocks_done = 0u;

@@ -289,6 +289,11 @@ uint32_t Comm::RecordNote(Kernel& kn, const Note& note) {
 // The accounting at a block's exit: the last owner block releases the rank, advancing its call.
 void Comm::Account(Kernel& kn, int b, RankState& s, uint32_t call) {
   kn.At(Event::kBeforeAccount, b, -1);
+  if (kn.call.blocks == 1) {  // the kernel's one block is its last: no count (rank_claim.cuh)
+    s.owner.store(owner_word(0, next_call(call)), std::memory_order_release);
+    kn.At(Event::kAfterAccount, b, -1);
+    return;
+  }
   const uint32_t prev = s.blocks_done.fetch_add(1, std::memory_order_acq_rel);
   if (prev == static_cast<uint32_t>(kn.call.blocks) - 1u) {
     s.blocks_done.store(0, std::memory_order_relaxed);

@@ -44,6 +44,7 @@
 //    word naming the rank itself is left to the block that marked it, which records the cause.
 //  - Accounting: each owner block increments blocks_done; the one that brings it to the kernel's
 //    block count stores blocks_done = 0, then W = {call next_call(call), owner 0} (plain stores).
+//    A kernel of one block a rank skips the count and stores W alone.
 //  - Reset, collective: quiesce (join the rank's kernels, then wait for W's owner half to be 0,
 //    giving up after kQuiesceBound if the rank's code is set, since the owner half may stay set
 //    for good after a failure; failing if it is not), barrier, clear the rank's slots, fault word,

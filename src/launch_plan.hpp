@@ -135,9 +135,10 @@ constexpr int kMinGroupThreads = 8;
 constexpr int kMaxVectorsPerThread = 8;
 
 /// Deterministic mode: from this many tokens a launch, 8 vectors a thread beat a one-lane layout
-/// of 4 with as many slots (OLMo2-13B's 40-vector segments at TP 1-8: 3-14% faster at 4096 and
-/// 16384 tokens, 8-12% slower at 64; docs/performance.md, "Deterministic mode").
-constexpr int64_t kDetEightFromTokens = 4096;
+/// of 4 with as many slots (OLMo2-13B's 40-vector segments at TP 1, 2 and 8: 1-6% faster at 256
+/// tokens, 4-16% at 1024-2048, level or faster from 4096, 7-13% slower at 64; docs/
+/// performance.md, "Deterministic mode").
+constexpr int64_t kDetEightFromTokens = 256;
 
 /// @brief Throws naming the TP degree (a power of two up to kCanonicalSegments) or the local
 /// widths (multiples of the rank's 16 / world segments of vec_elems-element vectors) that allow

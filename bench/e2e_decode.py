@@ -21,6 +21,16 @@ swiftqk.qk_epilogue call per layer (rows named "swiftqk_epilogue"). Its cache is
 [batch, kv_heads, context, head_dim] tensor the other methods use, seen as a paged HND cache with
 one block of `context` slots per sequence (block table: sequence b -> block b), so attention
 reads the same bytes; the new token takes the last slot of its sequence's block, as elsewhere.
+
+Every (method, batch, context) is checked before it is timed: one eager call of the first
+layer's QK path (projection, layerwise QK-norm over the full Q and K widths, RoPE at the decode
+position, the write of K and V into the cache) on the step's own input, against a float64
+reference of the full (unsharded) weights, sliced to this rank's heads: this rank's Q heads and
+the cache slot its new K and V took. The error is the largest difference over the largest
+reference value; the bound is CHECK_ULPS units of rounding of the dtype (the projection, the
+norm and the RoPE each round). A configuration that fails is not timed, and the run exits 1.
+--corrupt-norm (the check's negative control) doubles rank 0's Q-norm weight shard of the first
+layer, so every configuration must fail.
 """
 
 import argparse
@@ -46,6 +56,16 @@ MODELS = {**model_shapes.decoder_shapes(), "tiny": (256, 8, 8, 32, 512, 1e-6, "o
 
 _KV_CACHES = {}
 
+# The check's bound in units of rounding (u = 2^-8 bf16, 2^-24 fp32), over the largest reference
+# value. Against the largest normalised element, the projection's output and the norm's output
+# (u/2 each, one more u/2 in the Llama order) reach a rotated element through |cos| + |sin| <=
+# sqrt 2, and the table's cos and sin and RoPE's two products and sum add about 2 u: 4.2 u at
+# most; a rotation can leave the largest reference value 1/sqrt 2 of that element, so 6 u, and
+# 8 u leaves a margin. A doubled norm weight, a missing exchange (sqrt TP) or a wrong head or
+# position is off by far more. The floor covers fp32's sums over the hidden width (CPU runs).
+CHECK_ULPS = 8
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
+
 
 def rope_table(positions, rotary_dim, device):
     """A real rotary table (base 10000) as qk_epilogue takes it: [positions, rotary_dim], the
@@ -57,21 +77,24 @@ def rope_table(positions, rotary_dim, device):
 
 class Layer(torch.nn.Module):
     def __init__(self, cfg, method, comm, group, rank, world, batch, ctx, dtype, device,
-                 fused_epilogue=False, cos_sin=None):
+                 fused_epilogue=False, cos_sin=None, keep_full=False):
         super().__init__()
         from swiftqk.tp_attention import TPAttention
 
         hidden, heads, kv, hd, inter, eps, order, _ = cfg
         g = lambda *s: (torch.randn(*s, dtype=dtype, device=device) * 0.02)  # noqa: E731
-        self.eps, self.world, self.group = eps, world, group
+        self.eps, self.world, self.group, self.rank, self.order = eps, world, group, rank, order
         self.ln1 = torch.ones(hidden, dtype=dtype, device=device)
         self.ln2 = torch.ones(hidden, dtype=dtype, device=device)
         qn = torch.rand(heads * hd, dtype=dtype, device=device) + 0.5
         kn = torch.rand(kv * hd, dtype=dtype, device=device) + 0.5
+        wq, wk, wv = g(heads * hd, hidden), g(kv * hd, hidden), g(kv * hd, hidden)
+        # The check's reference needs the unsharded weights (every rank draws the same ones);
+        # copies, since the layer's shards may share their storage.
+        self.full = tuple(t.clone() for t in (wq, wk, wv, qn, kn)) if keep_full else None
         norm_method = "all_gather" if method == "plain" else method
-        self.attn = TPAttention(g(heads * hd, hidden), g(kv * hd, hidden), g(kv * hd, hidden),
-                                g(hidden, heads * hd), qn, kn, heads, kv, hd, eps, order, comm,
-                                norm_method, group)
+        self.attn = TPAttention(wq, wk, wv, g(hidden, heads * hd), qn, kn, heads, kv, hd, eps,
+                                order, comm, norm_method, group)
         if method == "plain":  # single-GPU: the norm is torch's own rms_norm over full rows
             self.attn.norm.forward = lambda q, k: (
                 F.rms_norm(q, (q.shape[-1],), self.attn.norm.q_weight, eps),
@@ -93,9 +116,10 @@ class Layer(torch.nn.Module):
             self.positions = torch.full((batch,), ctx - 1, dtype=torch.int64, device=device)
             self.slots = torch.arange(batch, dtype=torch.int64, device=device) * ctx + ctx - 1
 
-    def forward(self, x, cos, sin):
-        b = x.shape[0]
-        h = F.rms_norm(x, (x.shape[-1],), self.ln1, self.eps)
+    def qk(self, h, cos, sin):
+        """The QK path: projection, QK-norm, RoPE and the write of K and V into the cache's
+        last position; returns Q as [batch, heads, 1, head_dim]."""
+        b = h.shape[0]
         a = self.attn
         qkv = (h @ a.w_qkv.T).reshape(b, -1)
         q, k, v = torch.split(qkv, a.widths, dim=-1)
@@ -116,6 +140,12 @@ class Layer(torch.nn.Module):
             k = k * cos + torch.cat((-k[..., a.d // 2:], k[..., :a.d // 2]), -1) * sin
             self.k_cache[:, :, -1:].copy_(k)  # the new token takes the last cache position
             self.v_cache[:, :, -1:].copy_(v.reshape(b, a.hkv, 1, a.d))
+        return q
+
+    def forward(self, x, cos, sin):
+        h = F.rms_norm(x, (x.shape[-1],), self.ln1, self.eps)
+        q = self.qk(h, cos, sin)
+        a, b = self.attn, x.shape[0]
         kk, vv = self.k_cache, self.v_cache
         if a.hkv != a.h:
             kk = kk.repeat_interleave(a.h // a.hkv, dim=1)
@@ -132,6 +162,50 @@ class Layer(torch.nn.Module):
         return x + m
 
 
+def rope_at(table, position, dtype):
+    """cos and sin of one position, NeoX layout ([1, 1, 1, rotary_dim]: each half twice), as the
+    unfused path multiplies them in."""
+    half = table.shape[1] // 2
+    c, s = table[position, :half], table[position, half:]
+    return (torch.cat([c, c]).to(dtype).view(1, 1, 1, -1),
+            torch.cat([s, s]).to(dtype).view(1, 1, 1, -1))
+
+
+def check_qk(layer, x, table, position):
+    """The largest error of this rank's Q heads and new cache K and V (after one call of the
+    layer's QK path on the step's input x) over the largest float64 reference value."""
+    a, b = layer.attn, x.shape[0]
+    h = F.rms_norm(x, (x.shape[-1],), layer.ln1, layer.eps)
+    cos, sin = rope_at(table, position, x.dtype)
+    q = layer.qk(h, cos, sin).reshape(b, a.h, a.d)
+    got_k, got_v = layer.k_cache[:, :, -1], layer.v_cache[:, :, -1]
+    wq, wk, wv, qn, kn = (t.double() for t in layer.full)
+    h64 = h.double()
+
+    def normed(w, nw):  # the layerwise norm over the full width
+        y = h64 @ w.T
+        return nw * y * torch.rsqrt(y.square().mean(-1, keepdim=True) + layer.eps)
+
+    half = table.shape[1] // 2
+    c64 = table[position, :half].double().repeat(2)
+    s64 = table[position, half:].double().repeat(2)
+
+    def rope(y, heads):
+        y = y.view(b, heads, a.d)
+        return y * c64 + torch.cat((-y[..., a.d // 2:], y[..., :a.d // 2]), -1) * s64
+
+    hq, hkv = a.h * a.world, a.hkv * a.world
+    r = layer.rank
+    ref = (rope(normed(wq, qn), hq)[:, r * a.h:(r + 1) * a.h],
+           rope(normed(wk, kn), hkv)[:, r * a.hkv:(r + 1) * a.hkv],
+           (h64 @ wv.T).view(b, hkv, a.d)[:, r * a.hkv:(r + 1) * a.hkv])
+    err = 0.0
+    for got, want in zip((q, got_k, got_v), ref):
+        e = (got.double() - want).abs().max() / want.abs().max()
+        err = max(err, e.item() if torch.isfinite(e) else math.inf)
+    return err
+
+
 def run(args, method, batch, ctx, rank, world, group, comm, device):
     import swiftqk  # noqa: F401
 
@@ -142,13 +216,28 @@ def run(args, method, batch, ctx, rank, world, group, comm, device):
     if device.type == "cuda":
         torch.cuda.empty_cache()
     fused = args.fused_epilogue and method == "swiftqk"
-    cos_sin = rope_table(ctx, cfg[3], device) if fused else None
+    # One rotary table for both paths: the fused epilogue reads the decode position's row, the
+    # unfused path multiplies in the same row's cos and sin.
+    table = rope_table(ctx, cfg[3], device)
     layers = [Layer(cfg, method, comm, group, rank, world, batch, ctx, dtype, device, fused,
-                    cos_sin) for _ in range(args.layers or cfg[7])]
+                    table if fused else None, keep_full=i == 0)
+              for i in range(args.layers or cfg[7])]
     x = torch.randn(batch, cfg[0], dtype=dtype, device=device)
-    hd = cfg[3]
-    cos = torch.ones(1, 1, 1, hd, dtype=dtype, device=device) * 0.6
-    sin = torch.ones(1, 1, 1, hd, dtype=dtype, device=device) * 0.8
+    cos, sin = rope_at(table, ctx - 1, dtype)
+    if args.corrupt_norm and rank == 0:
+        with torch.no_grad():
+            layers[0].attn.norm.q_weight.mul_(2)
+    with torch.no_grad():
+        err = check_qk(layers[0], x, table, ctx - 1)
+    tol = CHECK_ULPS * UNIT_ROUNDOFF[dtype] + 1e-5
+    if world > 1:  # every rank times only what every rank checked
+        flag = torch.tensor([err], dtype=torch.float64, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        err = flag.item()
+    if not err <= tol:
+        return {"method": "swiftqk_epilogue" if fused else method, "model": args.model,
+                "tp": world, "batch": batch, "context": ctx, "checked": False,
+                "max_rel_err": err, "tolerance": tol, "device": str(device)}
 
     def step():
         y = x
@@ -185,7 +274,8 @@ def run(args, method, batch, ctx, rank, world, group, comm, device):
     times.sort()
     tpot = statistics.median(times)
     return {"method": "swiftqk_epilogue" if fused else method, "model": args.model, "tp": world,
-            "batch": batch, "context": ctx, "layers": len(layers), "tpot_ms": tpot,
+            "batch": batch, "context": ctx, "checked": True, "max_rel_err": err,
+            "tolerance": tol, "layers": len(layers), "tpot_ms": tpot,
             "p99_ms": times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)],
             "tokens_per_s": batch / tpot * 1e3, "device": str(device)}
 
@@ -203,6 +293,9 @@ def main():
     ap.add_argument("--fused-epilogue", action="store_true",
                     help="swiftqk: QK-norm + RoPE + KV-cache write in one swiftqk.qk_epilogue "
                          "call (rows 'swiftqk_epilogue'; GPU only)")
+    ap.add_argument("--corrupt-norm", action="store_true",
+                    help="the negative control of the check: double rank 0's Q-norm weight shard "
+                         "of the first layer, so every configuration must fail (exit 1)")
     args = ap.parse_args()
     if args.fused_epilogue and args.device != "cuda":
         ap.error("--fused-epilogue needs --device cuda (the epilogue is a CUDA kernel)")
@@ -241,16 +334,24 @@ def main():
             continue  # the fused kernel needs a GPU
         r = run(args, m, b, c, rank, world, group, comm, device)
         rows.append(r)
-        if rank == 0:
+        if rank == 0 and not r["checked"]:
+            print(f"[{i + 1}/{len(combos)}] {r['method']:<16} batch {b:>4} ctx {c:>5}: WRONG, "
+                  f"error {r['max_rel_err']:.3e} > {r['tolerance']:.3e} against float64; "
+                  f"not timed", flush=True)
+        elif rank == 0:
             print(f"[{i + 1}/{len(combos)}] {r['method']:<16} batch {b:>4} ctx {c:>5}: TPOT "
-                  f"{r['tpot_ms']:8.3f} ms (p99 {r['p99_ms']:.3f}), {r['tokens_per_s']:9.0f} tok/s",
-                  flush=True)
+                  f"{r['tpot_ms']:8.3f} ms (p99 {r['p99_ms']:.3f}), {r['tokens_per_s']:9.0f} tok/s"
+                  f" (checked: error {r['max_rel_err']:.1e})", flush=True)
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     if world > 1:
         dist.destroy_process_group()
-    return 0
+    wrong = [r for r in rows if not r["checked"]]
+    if wrong and rank == 0:
+        print(f"e2e_decode.py: {len(wrong)} of {len(rows)} configurations failed the check "
+              f"against float64 and were not timed")
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

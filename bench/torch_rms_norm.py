@@ -2,6 +2,9 @@
 """Times the single-GPU PyTorch baseline: two torch.nn.functional.rms_norm calls (Q and K) on
 the same shapes as swiftqk_bench, graph-replayed, median of many replays, inputs rotated so L2
 does not flatter. With --swiftqk-json it prints SwiftQK TP-1 time against it, side by side.
+Each configuration is checked before it is timed: the two calls' outputs on the first input set
+against float64, element by element within two bf16 roundings (the normalised value and the
+product by the weight); a configuration with a wrong element is not timed, and the run exits 1.
 
     python3 bench/torch_rms_norm.py --json results/torch.json --swiftqk-json results/latest.json
 """
@@ -18,6 +21,17 @@ import model_shapes  # noqa: E402
 MODELS = model_shapes.norm_shapes()  # name: (q width, k width, eps), from bench/models.json
 
 
+def count_wrong(torch, f, x, w, eps):
+    """Elements of f(x, (width,), w, eps) outside 2.25 u + 1e-5 of the float64 RMSNorm, relative
+    to the reference (floored at 4 x the smallest normal bf16), u = 2^-8: two roundings, as the
+    C++ reference's Llama-order bound (tests/support/reference.cpp)."""
+    got = f(x, (x.shape[-1],), w, eps).double()
+    x64, w64 = x.double(), w.double()
+    ref = w64 * x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps)
+    bound = (2.25 * 2.0**-8 + 1e-5) * ref.abs().clamp_min(4 * 2.0**-126)
+    return int((((got - ref).abs() > bound) | ~torch.isfinite(got)).sum())
+
+
 def time_torch(torch, q_width, k_width, eps, tokens, iters, launches):
     f = torch.nn.functional.rms_norm
     dev = "cuda"
@@ -27,6 +41,9 @@ def time_torch(torch, q_width, k_width, eps, tokens, iters, launches):
     ks = [torch.randn(tokens, k_width, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
     wq = torch.rand(q_width, device=dev, dtype=torch.bfloat16) + 0.5
     wk = torch.rand(k_width, device=dev, dtype=torch.bfloat16) + 0.5
+    wrong = count_wrong(torch, f, qs[0], wq, eps) + count_wrong(torch, f, ks[0], wk, eps)
+    if wrong:
+        return {"wrong": wrong}
     outs = []
 
     def body(i):
@@ -35,6 +52,7 @@ def time_torch(torch, q_width, k_width, eps, tokens, iters, launches):
 
     times = graph_timing.replay_times_us(torch, body, iters, launches)
     return {
+        "wrong": 0,
         "median_us": statistics.median(times),
         "p10_us": times[int(0.1 * len(times))],
         "p99_us": times[min(len(times) - 1, int(0.99 * len(times)))],
@@ -58,13 +76,18 @@ def main():
     if not torch.cuda.is_available():
         print("torch_rms_norm.py: no CUDA GPU; nothing to time.")
         return 0
-    rows = []
+    rows, failed = [], 0
     for name in args.models.split(","):
         q, k, eps = MODELS[name]
         for t in (int(x) for x in args.tokens.split(",")):
             r = time_torch(torch, q, k, eps, t, args.iters, args.graph_launches)
             r.update(method="torch_rms_norm_x2", model=name, q_width=q, k_width=k, tp=1, tokens=t,
                      dtype="bf16", mode="graph", device=torch.cuda.get_device_name())
+            if r["wrong"]:
+                print(f"torch_rms_norm.py: {name} at {t} tokens: {r['wrong']} elements outside "
+                      f"the bound against float64; not timed")
+                failed += 1
+                continue
             rows.append(r)
     if args.json:
         with open(args.json, "w") as f:
@@ -85,7 +108,9 @@ def main():
               f"{(s if s else float('nan')):>10.2f} {ratio:>6}")
     if ours:
         print(f"SwiftQK TP-1 slower than torch rms_norm x2 at {worse} of {len(rows)} points")
-    return 0
+    if failed:
+        print(f"torch_rms_norm.py: {failed} configurations failed the check and were not timed")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ random weights (nothing downloaded). On CPU: the torch methods over gloo process
 the fused methods too, and the fused epilogue writing a paged KV cache, with ranks as processes
 sharing the GPU through CUDA IPC."""
 
+import gc
 import os
 import sys
 
@@ -114,6 +115,10 @@ def _run(rank, world, rendezvous, cases, device_kind, results):
     finally:
         if comm is not None:
             comm.close()
+        # Every rank past its last collective, and the cases' tensors freed, before the group
+        # goes: gloo's worker threads must hold no work when it is destroyed.
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -83,7 +83,7 @@ class Layer(torch.nn.Module):
 
         hidden, heads, kv, hd, inter, eps, order, _ = cfg
         g = lambda *s: (torch.randn(*s, dtype=dtype, device=device) * 0.02)  # noqa: E731
-        self.eps, self.world, self.group, self.rank, self.order = eps, world, group, rank, order
+        self.eps, self.world, self.group, self.rank = eps, world, group, rank
         self.ln1 = torch.ones(hidden, dtype=dtype, device=device)
         self.ln2 = torch.ones(hidden, dtype=dtype, device=device)
         qn = torch.rand(heads * hd, dtype=dtype, device=device) + 0.5

@@ -53,7 +53,7 @@ def _rope_table(rope, x, head_dim, max_position=64):
     return torch.cat([cos[0, :, :half], sin[0, :, :half]], dim=-1).contiguous()
 
 
-def _case(rank, world, case, device, gpu, comm):
+def _case(case, device, comm):
     """One (kind, method, dtype, fused epilogue) case on this rank: the relative error against
     HF's attention on the unsharded weights, or a string saying how it failed."""
     import swiftqk
@@ -104,21 +104,27 @@ def _run(rank, world, rendezvous, cases, device_kind, results):
     dist.init_process_group("nccl" if device_kind == "cuda_per_rank" else "gloo",
                             init_method=rendezvous, rank=rank, world_size=world)
     comm = None
+    completed = False
     try:
         if any(c[1] in ("swiftqk", "minimax_fused") for c in cases):
             comm = swiftqk.communicator_from_group(dist.group.WORLD, device=gpu, timeout_s=30.0)
         for case in cases:
             try:
-                results[(rank,) + tuple(case)] = _case(rank, world, case, device, gpu, comm)
-            except Exception as e:  # noqa: BLE001  (reported per case; the next case runs)
+                results[(rank,) + tuple(case)] = _case(case, device, comm)
+            except Exception as e:  # noqa: BLE001
+                # Reported by name. The peers may be inside this case's collectives, so this rank
+                # runs no further case: its exit ends their waits with an error.
                 results[(rank,) + tuple(case)] = f"{type(e).__name__}: {e}"
+                return
+        completed = True
     finally:
         if comm is not None:
             comm.close()
-        # Every rank past its last collective, and the cases' tensors freed, before the group
-        # goes: gloo's worker threads must hold no work when it is destroyed.
-        gc.collect()
-        dist.barrier()
+        if completed:
+            # Every rank past its last collective, and the cases' tensors freed, before the
+            # group goes: gloo's worker threads must hold no work when it is destroyed.
+            gc.collect()
+            dist.barrier()
         dist.destroy_process_group()
 
 

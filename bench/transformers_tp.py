@@ -176,6 +176,11 @@ def main():
         ap.error("--layers, --prompt, --steps, --iters and every --batch must be >= 1")
 
     cuda = args.device == "cuda"
+    if not cuda:
+        # transformers' tp_plan binds each rank to the accelerator it finds (cuda:LOCAL_RANK),
+        # which fails on a machine with fewer GPUs than ranks: a CPU run hides the GPUs, before
+        # anything initialises CUDA.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if cuda:

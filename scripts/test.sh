@@ -13,7 +13,7 @@ if grep -q ': Skipped$' "$log" 2>/dev/null; then
   grep -A1 ': Skipped$' "$log" | grep -v -e ': Skipped$' -e '^--$' | sort | uniq -c | sort -rn
 fi
 if python3 -c 'import pytest' 2>/dev/null; then
-  python3 -m pytest -q tests/python
+  python3 -m pytest -q -rs tests/python  # -rs: every skip with its reason
 else
   echo "Python tests not run: pytest is not installed here"
 fi

@@ -148,14 +148,17 @@ struct FootprintOnDevice {
 };
 
 // The vector access of a group launch (choose_vector_bytes), from the narrowest that a rank's
-// rows allow.
+// rows allow. The call's token count stands for its launches': a call of few tokens is one
+// launch, or chunks of fewer tokens still.
 int launch_vector_bytes(const std::vector<QkNormParams>& params, int world) {
   const QkNormParams& p0 = params[0];
   int allowed = 16;
   for (const QkNormParams& p : params) allowed = std::min(allowed, vector_bytes_for(p));
-  return choose_vector_bytes(static_cast<int>(dtype_size(p0.in_dtype)), allowed, world,
+  const int in_size = static_cast<int>(dtype_size(p0.in_dtype));
+  const int64_t row_bytes = (p0.q_full_width + p0.k_full_width) / world * in_size;
+  return choose_vector_bytes(in_size, allowed, world,
                              p0.method == Method::kSwiftQK && !p0.deterministic,
-                             p0.tuning.vector_bytes);
+                             p0.tuning.vector_bytes, p0.tokens, row_bytes);
 }
 
 // What the policy reads of a group launch.

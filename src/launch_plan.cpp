@@ -122,7 +122,8 @@ KernelShape packed_kernel_shape(int64_t q_width, int64_t k_width, int vec_elems,
   return choose_kernel_shape(q_width, k_width, vec_elems, block_threads, world, 4, vec_bytes);
 }
 
-int choose_vector_bytes(int in_size, int allowed, int world, bool has_narrow, int forced) {
+int choose_vector_bytes(int in_size, int allowed, int world, bool has_narrow, int forced,
+                        int64_t tokens, int64_t row_bytes) {
   SWIFTQK_EXPECTS(in_size == 1 || in_size == 2 || in_size == 4,
                   "choose_vector_bytes: elements are of 1, 2 or 4 bytes");
   SWIFTQK_EXPECTS(allowed == 16 || allowed == 8 || allowed == 4 || allowed == in_size,
@@ -130,7 +131,12 @@ int choose_vector_bytes(int in_size, int allowed, int world, bool has_narrow, in
   SWIFTQK_EXPECTS(forced == 0 || forced == 16 || forced == 8 || forced == 4 || forced == 1,
                   "choose_vector_bytes: a forced width is 16, 8, 4 or 1");
   SWIFTQK_EXPECTS(world >= 1, "choose_vector_bytes: world must be >= 1");
-  const int want = forced != 0 ? forced : (in_size == 1 && world == 1 && has_narrow ? 8 : 16);
+  SWIFTQK_EXPECTS(tokens >= 0 && row_bytes >= 0,
+                  "choose_vector_bytes: tokens and row bytes must be >= 0");
+  const bool few_tokens_wide_row =
+      tokens >= 1 && tokens <= kFp8FewTokensMax && row_bytes > kFp8FewTokensMinRowBytes;
+  const bool fp8_eight = in_size == 1 && has_narrow && (world == 1 || few_tokens_wide_row);
+  const int want = forced != 0 ? forced : (fp8_eight ? 8 : 16);
   if (want >= 16 && allowed >= 16) return 16;
   if (!has_narrow) return 1;
   if (want >= 8 && allowed >= 8) return 8;

@@ -64,8 +64,21 @@ int64_t staged_row_bytes_limit(int world, int stages, int weight_bytes_per_row_b
 /// stores that each fill half of every sector they touch, and an 8-byte one writes one full
 /// 16-byte store. On one H200 at TP 1 the 8-byte rows were 19-29% faster at 4096 tokens and
 /// 1.1-1.5 us at 64 on three models; at virtual TP 8 they were 8-17% slower, where the longer
-/// rows take groups of several warps (CHANGELOG.md).
-int choose_vector_bytes(int in_size, int allowed, int world, bool has_narrow, int forced = 0);
+/// rows take groups of several warps (CHANGELOG.md). With peers fp8 takes 8 bytes too in
+/// launches of at most kFp8FewTokensMax tokens (`tokens`, 0 = not known) on a rank's rows
+/// (Q + K shard) of more than kFp8FewTokensMinRowBytes (`row_bytes`).
+int choose_vector_bytes(int in_size, int allowed, int world, bool has_narrow, int forced = 0,
+                        int64_t tokens = 0, int64_t row_bytes = 0);
+
+/// fp8 with peers in launches of 1 to kFp8FewTokensMax tokens takes 8-byte vectors on rows of more
+/// than kFp8FewTokensMinRowBytes (more than 64 16-byte vectors, 4 a thread in a warp or more).
+/// Virtual ranks on one H100, against 16-byte vectors, two passes: 0.09-0.75 us faster at 1-64
+/// tokens on such rows (OLMo2-13B at TP 2-8, OLMoE at TP 2, 1536:5760 at TP 2 and 4); on rows of
+/// 512-1024 bytes (OLMoE at TP 4 and 8, 1536:5760 at TP 8) 0.11-0.28 us slower; at 256 tokens
+/// -0.46 to +0.32 us, and from 1024 tokens 13% slower to 11% faster by shape and TP
+/// (docs/performance.md, "Vector width").
+constexpr int64_t kFp8FewTokensMax = 64;
+constexpr int64_t kFp8FewTokensMinRowBytes = 1024;
 
 /// @brief The pipeline of a token group: rows staged and, with peers, the deferral depth D (the
 /// group writes token i - D while it reduces token i, so a peer up to D tokens behind costs no

@@ -250,6 +250,37 @@ TEST(ChooseKernelShape, NarrowRowsWithPeersTakeEightVectorsAThread) {
   }
 }
 
+TEST(ChooseVectorBytes, Fp8WithPeersTakesEightBytesOnWideRowsAtFewTokens) {
+  const int64_t wide = kFp8FewTokensMinRowBytes + 1;
+  for (int world : {2, 4, 8, 16}) {
+    for (int64_t tokens : {int64_t{1}, int64_t{16}, kFp8FewTokensMax}) {
+      EXPECT_EQ(choose_vector_bytes(1, 16, world, true, 0, tokens, wide), 8) << world;
+      // OLMo2-13B's 10240 bytes of fp8 split over TP 2-8 (1280 at TP 8) take 8 too; at TP 16
+      // its 640 keep 16.
+      EXPECT_EQ(choose_vector_bytes(1, 16, world, true, 0, tokens, 10240 / world),
+                world <= 8 ? 8 : 16)
+          << world;
+      // Rows of at most 64 16-byte vectors (OLMoE at TP 4: 1024 bytes) keep 16.
+      EXPECT_EQ(choose_vector_bytes(1, 16, world, true, 0, tokens, kFp8FewTokensMinRowBytes), 16);
+      // 16-bit and f32 rows, the kernels without narrower vectors and a forced width: as before.
+      EXPECT_EQ(choose_vector_bytes(2, 16, world, true, 0, tokens, 4 * wide), 16);
+      EXPECT_EQ(choose_vector_bytes(4, 16, world, true, 0, tokens, 4 * wide), 16);
+      EXPECT_EQ(choose_vector_bytes(1, 16, world, false, 0, tokens, wide), 16);
+      EXPECT_EQ(choose_vector_bytes(1, 16, world, true, 16, tokens, wide), 16);
+      // Rows that allow 8 bytes at most take them either way.
+      EXPECT_EQ(choose_vector_bytes(1, 8, world, true, 0, tokens, wide), 8);
+    }
+    // More tokens, or a count not given: 16-byte vectors with peers.
+    EXPECT_EQ(choose_vector_bytes(1, 16, world, true, 0, kFp8FewTokensMax + 1, wide), 16);
+    EXPECT_EQ(choose_vector_bytes(1, 16, world, true, 0, 4096, wide), 16);
+    EXPECT_EQ(choose_vector_bytes(1, 16, world, true, 0, 0, wide), 16);
+  }
+  // Alone fp8 takes 8 bytes at every token count and row width.
+  for (int64_t tokens : {int64_t{0}, int64_t{1}, int64_t{4096}}) {
+    EXPECT_EQ(choose_vector_bytes(1, 16, 1, true, 0, tokens, 512), 8);
+  }
+}
+
 TEST(ChooseVectorBytes, TheWidestTheRowsAllowAndFp8AloneInEightBytes) {
   for (int world : {1, 2, 8}) {
     for (int size : {1, 2, 4}) {
@@ -276,6 +307,8 @@ TEST(ChooseVectorBytes, TheWidestTheRowsAllowAndFp8AloneInEightBytes) {
   }
   EXPECT_TRUE(testing::throws_error([] { choose_vector_bytes(1, 2, 1, true); },
                                     "rows allow 16, 8, 4 or element-size accesses"));
+  EXPECT_TRUE(testing::throws_error([] { choose_vector_bytes(1, 16, 2, true, 0, -1, 2048); },
+                                    "tokens and row bytes must be >= 0"));
   EXPECT_TRUE(testing::throws_error([] { choose_vector_bytes(2, 16, 1, true, 2); },
                                     "a forced width is 16, 8, 4 or 1"));
 }

@@ -210,6 +210,29 @@ TEST(VectorWidths, EveryCapAndForcedCountOnWideRows) {
   EXPECT_EQ(refused, 6);
 }
 
+// fp8 with peers in launches of 1-64 tokens on rows of more than 1 KB a rank takes 8-byte
+// vectors where the rows allow 16 (kFp8FewTokensMax, kFp8FewTokensMinRowBytes; the CPU tests pin
+// the choice): OLMo2-13B's widths at TP 2, 4 and 8 (10240 fp8 bytes of Q + K over the ranks) on
+// both sides of the token bound, in both orders, and fused QKV rows out of place (768-3072 bytes
+// a rank: TP 8 keeps 16-byte vectors).
+TEST(VectorWidths, Fp8WithPeersAtFewTokensOnWideRows) {
+  REQUIRE_GPU();
+  int ran = 0;
+  for (int world : {2, 4, 8}) {
+    for (int64_t tokens : {int64_t{1}, int64_t{16}, int64_t{64}, int64_t{65}}) {
+      for (NormOrder order : {NormOrder::kOlmo2, NormOrder::kLlama}) {
+        run_case(Case{world, tokens, 5120, 5120, DType::kF8E4M3, order}, 16);
+        ++ran;
+      }
+    }
+    run_case(
+        Case{world, 33, 5120, 1024, DType::kF8E4M3, NormOrder::kOlmo2, Layout::kFusedOutOfPlace},
+        16);
+    ++ran;
+  }
+  EXPECT_EQ(ran, 3 * (4 * 2 + 1));
+}
+
 // The deterministic mode's canonical order is defined on 16-byte vectors: a width below 16 is
 // refused by name, and so are rows that allow only 8-byte vectors.
 TEST(VectorWidths, DeterministicModeRefusesNarrowerVectors) {

@@ -22,6 +22,15 @@ struct FuzzPoint {
 /// n points drawn from `seed` (the same list for the same n and seed, on any machine).
 std::vector<FuzzPoint> fuzz_points(int n, uint64_t seed);
 
+/// The token counts of the fuzz points to run (--fuzz-tokens LO:HI, inclusive; all by default).
+struct TokenRange {
+  int64_t lo = 1, hi = INT64_MAX;
+  bool holds(int64_t tokens) const { return tokens >= lo && tokens <= hi; }
+};
+
+/// Parses "LO:HI" (whole numbers, 1 <= LO <= HI) into *r; false, with *r untouched, otherwise.
+bool parse_token_range(const std::string& s, TokenRange* r);
+
 /// One line describing p: "q 1536 k 256 bf16 olmo2 tp 8 tokens 333".
 std::string describe(const FuzzPoint& p);
 

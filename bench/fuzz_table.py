@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The shape fuzz's worst points from one or more swiftqk_bench JSON files (--fuzz-shapes, each
-part of a split run made with --fuzz-first), merged by (seed, point), and the issue's targets
-counted on them:
+part of a split run made with --fuzz-first or --fuzz-tokens), merged by (seed, point), and the
+issue's targets counted on them:
 - TP N within --max-ratio (1.3) times its own TP 1 from 4096 tokens, on rows of at least 256
   elements a rank;
 - TP N within TP 1 + --max-extra-us (1.5 us) at 64 tokens or fewer;

@@ -195,8 +195,11 @@ int run_single_process(const Sweep& sw, const std::vector<int>& tps) {
 // then timed; then the worst points three ways: TP N against its own TP 1 (from 4096 tokens, and
 // in microseconds at 64 tokens or fewer) and TP 1 against the copy bandwidth (from 4096 tokens).
 // Points before `first` are skipped (--fuzz-first), so a long fuzz runs in parts whose JSON
-// bench/fuzz_table.py merges.
-int run_fuzz(const Sweep& sw, const std::vector<FuzzPoint>& points, uint64_t seed, int first) {
+// bench/fuzz_table.py merges; so are points whose token count lies outside `tokens`
+// (--fuzz-tokens), so that one target's points (64 tokens or fewer, or 4096 or more) are measured
+// again without the rest. Every point is drawn either way: the list stays the seed's.
+int run_fuzz(const Sweep& sw, const std::vector<FuzzPoint>& points, uint64_t seed, int first,
+             const TokenRange& tokens) {
   const Options& o = sw.options;
   cudaStream_t s;
   SWIFTQK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -215,6 +218,7 @@ int run_fuzz(const Sweep& sw, const std::vector<FuzzPoint>& points, uint64_t see
   print_header();
   for (std::size_t i = static_cast<std::size_t>(first); i < points.size(); ++i) {
     const FuzzPoint& f = points[i];
+    if (!tokens.holds(f.tokens)) continue;
     const Model m{"fuzz-" + std::to_string(i), f.q_width, f.k_width, 1e-6f, f.order};
     Problem p = Problem::random(f.tokens, f.q_width, f.k_width, f.dtype, f.order, m.eps,
                                 seed * 1000003 + i);
@@ -307,6 +311,16 @@ CLI::Validator whole_number(int64_t lo, const std::string& name) {
         return "'" + s + "' is not a whole number >= " + std::to_string(lo);
       },
       name);
+}
+
+CLI::Validator token_range() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        TokenRange r;
+        if (parse_token_range(s, &r)) return "";
+        return "'" + s + "' is not LO:HI with whole numbers 1 <= LO <= HI";
+      },
+      "LO:HI");
 }
 
 // A TP degree the kernel takes: a power of two up to 32 (the polling warp has a lane per rank:
@@ -443,6 +457,14 @@ int main(int argc, char** argv) {
                       "run the shape fuzz from this point on (the earlier ones are drawn, not "
                       "run), to split a long fuzz over several runs")
            ->check(CLI::Range(0, 100000)));
+  TokenRange fuzz_token_range;
+  last(
+      app.add_option_function<std::string>(
+             "--fuzz-tokens",
+             [&fuzz_token_range](const std::string& s) { parse_token_range(s, &fuzz_token_range); },
+             "run (and list) only the fuzz points of LO..HI tokens, e.g. 1:64 or 4096:20000 (the "
+             "others are drawn, not run)")
+          ->check(token_range()));
   app.add_option("--models", models, "model shapes by name (comma separated)")
       ->delimiter(',')
       ->check(one_of("model", model_names, known_model));
@@ -601,6 +623,7 @@ int main(int argc, char** argv) {
   const std::vector<FuzzPoint> fuzz = fuzz_points(fuzz_shapes, fuzz_seed);
   if (fuzz_list) {
     for (std::size_t i = 0; i < fuzz.size(); ++i) {
+      if (!fuzz_token_range.holds(fuzz[i].tokens)) continue;
       std::printf("%zu %s\n", i, describe(fuzz[i]).c_str());
     }
     return 0;
@@ -624,7 +647,7 @@ int main(int argc, char** argv) {
     if (rank >= 0) return run_rank(sw, rank, world, rendezvous);
     if (procs > 1) return spawn_ranks(argc, argv, procs);
     if (soak > 0) return run_soak(sw, tps.at(0), soak);
-    if (!fuzz.empty()) return run_fuzz(sw, fuzz, fuzz_seed, fuzz_first);
+    if (!fuzz.empty()) return run_fuzz(sw, fuzz, fuzz_seed, fuzz_first, fuzz_token_range);
     return run_single_process(sw, tps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "swiftqk_bench: %s\n", e.what());

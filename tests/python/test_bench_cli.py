@@ -184,6 +184,26 @@ def test_fuzz_points_follow_the_issue_ranges_and_the_seed():
     assert _fuzz_list(400, 12) != points
 
 
+def test_fuzz_tokens_keeps_the_seeds_points_in_the_range_by_index():
+    every = _run("--fuzz-shapes", "200", "--seed", "1", "--fuzz-list")
+    few = _run("--fuzz-shapes", "200", "--seed", "1", "--fuzz-list", "--fuzz-tokens", "1:64")
+    assert every.returncode == 0 and few.returncode == 0, every.stderr + few.stderr
+    lines = every.stdout.splitlines()
+    expected = [ln for ln in lines if int(ln.split()[-1]) <= 64]
+    # The points are drawn as without the range (same indices and shapes), then filtered.
+    assert few.stdout.splitlines() == expected
+    assert 0 < len(expected) < len(lines)
+    big = _run("--fuzz-shapes", "200", "--seed", "1", "--fuzz-list", "--fuzz-tokens", "4096:20000")
+    assert big.stdout.splitlines() == [ln for ln in lines if int(ln.split()[-1]) >= 4096]
+
+
+@pytest.mark.parametrize("bad", ["0:64", "64:1", "1", "1:", ":64", "a:64", "1:64x"])
+def test_fuzz_tokens_refuses_a_malformed_range(bad):
+    r = _run("--fuzz-shapes", "5", "--fuzz-list", "--fuzz-tokens", bad)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "--fuzz-tokens" in out and bad in out
+
+
 def test_fuzz_shapes_refuses_a_negative_count():
     r = _run("--fuzz-shapes", "-1")
     assert r.returncode != 0 and "--fuzz-shapes" in (r.stdout + r.stderr)

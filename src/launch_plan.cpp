@@ -391,6 +391,31 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
       const Layout p = layout_of(depth, packed);
       if (resident_blocks(p.footprint.blocks_per_sm, sms, budget) >= r.ranks) lay = p;
     }
+    // A launch of few tokens with peers is one latency chain: a row spread over more threads
+    // (fewer vectors each) and its blocks over more SMs shortens it, while every block still
+    // has an SM of its own.
+    if (t.vectors_per_thread == 0 && r.world > 1 && launch_tokens <= kSpreadMaxTokens &&
+        lay.shape.vectors_per_thread == 4 && lay.shape.group_threads > 32) {
+      const int64_t sm_room = budget == 0 ? sms : std::min(budget, sms);
+      const int64_t n = qw / r.vec_elems + kw / r.vec_elems;
+      for (int vpt : {1, 2}) {
+        if (ceil_div(n, vpt) > kSpreadMaxGroupThreads) continue;
+        const KernelShape s = choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world, vpt,
+                                                  r.vec_bytes, staged_limit, launch_tokens);
+        if (s.group_threads > kSpreadMaxGroupThreads) continue;
+        if (ceil_div(launch_tokens * r.ranks, s.tokens_per_block) > sm_room) continue;
+        // A rank of one block skips the other blocks' wait for its claim and the count of
+        // finished blocks (rank_claim.cuh): spreading it over two or more costs more than it saves.
+        if (launch_tokens <= lay.shape.tokens_per_block && launch_tokens > s.tokens_per_block) {
+          continue;
+        }
+        const Layout l = layout_of(depth, s);
+        if (l.footprint.blocks_per_sm >= 1) {
+          lay = l;
+          break;
+        }
+      }
+    }
     return lay;
   };
   const bool tuned_depth = t.stages != 0 || t.defer != 0;

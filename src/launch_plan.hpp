@@ -202,6 +202,19 @@ constexpr int64_t kEightVectorsMinTokens = 4096;
 /// 3296:5312) were 14-21% faster at 8 than at 4 (docs/performance.md, "Vector width").
 constexpr int64_t kNarrowEightMaxVectors = 512;
 
+/// With peers, launches of up to kSpreadMaxTokens tokens whose rows take 4 vectors a thread in
+/// groups wider than a warp take 1, else 2, vectors a thread where that group has at most
+/// kSpreadMaxGroupThreads threads, the launch's blocks (tokens x ranks groups) still have an SM
+/// each, and a rank that fits one block is not split over several (make_launch_plan). Such a
+/// launch is one latency chain, which more threads a row and more SMs shorten; the second block
+/// of a rank waits for the first one's claim and counts itself finished (rank_claim.cuh), which
+/// cost 0.1-0.4 us more than the spread saved at 2-4 tokens. With virtual ranks on one H100, at
+/// 1-64 tokens and TP 2-8 the five models in bf16 and fp8 are 0.2-0.75 us faster where the
+/// layout changes and level elsewhere (docs/performance.md, "Few tokens with peers: rows over
+/// more threads").
+constexpr int64_t kSpreadMaxTokens = 64;
+constexpr int kSpreadMaxGroupThreads = 256;
+
 /// Threads a block aims at: groups are added while the block stays within this many threads.
 /// 256 with peers; alone, 384 (on one H200 at 4096 tokens, 3 OLMoE or 2 OLMo3-32B groups per
 /// block are faster than 2 and 1; the other shapes keep one group either way; CHANGELOG.md,
@@ -358,11 +371,12 @@ struct LaunchPlan {
 /// @brief The tuned policy, with what r.tuning overrides (docs/design.md, "Launch shape"):
 /// - the thread layout: choose_kernel_shape at the block size the world aims at; with peers,
 ///   short rows packed several to a warp (packed_kernel_shape) when the unpacked grid of the
-///   first chunk is capped by residency and the packed one still gives every rank a block;
+///   first chunk is capped by residency and the packed one still gives every rank a block, and
+///   up to kSpreadMaxTokens tokens rows spread over more threads;
 /// - the ring: up to kFewTokensMax tokens a launch at TP 4-8 few_token_pipeline_depth; else
 ///   choose_pipeline_depth, or at TP 8+ up to kShallowMaxTokens the shallow pipeline where
 ///   take_shallow_pipeline says it fits enough more token groups; a tuned stage or deferral
-///   depth turns both exceptions off, a tuned vector count the packing;
+///   depth turns both exceptions off, a tuned vector count the packing and the spread;
 /// - per chunk, the slot order (choose_slot_layout, from hashed values only) and the block order
 ///   (choose_block_order), and the resident grid (plan_grid, within launch_sm_budget).
 /// footprint_of is asked for each layout it weighs, for each order the chunks take. Throws

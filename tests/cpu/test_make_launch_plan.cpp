@@ -114,7 +114,8 @@ constexpr SlotLayout kSM = SlotLayout::kSourceMajor;
 constexpr BlockOrder kRM = BlockOrder::kRankMajor;
 constexpr BlockOrder kIL = BlockOrder::kInterleaved;
 
-// At 64 tokens (decode) and 4096 (prefill) for every model and TP 1-8 as virtual ranks, and
+// At 64 tokens (decode) and 4096 (prefill) for every model and TP 1-8 as virtual ranks (with
+// peers at 64 tokens rows over more threads where their blocks still have an SM each), and
 // OLMoE at the token counts where its layout changes: at TP 8 the packed rows (from a full grid)
 // with source-major slots from 256 tokens, the few-token ring up to 2048, the shallow one at
 // 4096 (twice the groups), the world's ring at 16384; at TP 4 the few-token ring's last count.
@@ -124,7 +125,7 @@ const Pin kPins[] = {
     // blocks a rank
     {"olmoe",      1,    64, 4, 128,  3, 2, 0, kTM, kRM,  22},
     {"olmoe",      1,  4096, 4, 128,  3, 2, 0, kTM, kRM, 396},
-    {"olmoe",      2,    64, 4,  64,  4, 3, 1, kTM, kRM,  16},
+    {"olmoe",      2,    64, 1, 256,  1, 3, 1, kTM, kRM,  64},
     {"olmoe",      2,  4096, 4,  64,  4, 3, 1, kTM, kIL, 264},
     {"olmoe",      4,    64, 4,  32,  8, 3, 1, kTM, kRM,   8},
     {"olmoe",      4,  2048, 4,  32,  8, 3, 1, kTM, kIL, 132},
@@ -137,9 +138,9 @@ const Pin kPins[] = {
     {"olmoe",      8, 16384, 4,  16, 16, 5, 3, kSM, kIL,  33},
     {"olmo2-7b",   1,    64, 4, 256,  1, 2, 0, kTM, kRM,  64},
     {"olmo2-7b",   1,  4096, 4, 256,  1, 2, 0, kTM, kRM, 528},
-    {"olmo2-7b",   2,    64, 4, 128,  2, 3, 1, kTM, kRM,  32},
+    {"olmo2-7b",   2,    64, 2, 256,  1, 3, 1, kTM, kRM,  64},
     {"olmo2-7b",   2,  4096, 4, 128,  2, 3, 1, kTM, kIL, 264},
-    {"olmo2-7b",   4,    64, 4,  64,  4, 3, 1, kTM, kRM,  16},
+    {"olmo2-7b",   4,    64, 2, 128,  2, 3, 1, kTM, kRM,  32},
     {"olmo2-7b",   4,  4096, 4,  64,  4, 4, 2, kTM, kIL,  99},
     {"olmo2-7b",   8,    64, 4,  32,  8, 3, 1, kTM, kRM,   8},
     {"olmo2-7b",   8,  4096, 4,  32,  8, 3, 2, kTM, kIL,  66},
@@ -153,17 +154,17 @@ const Pin kPins[] = {
     {"olmo2-13b",  8,  4096, 4,  64,  4, 5, 3, kTM, kIL,  66},
     {"olmo3-32b",  1,    64, 4, 192,  2, 2, 0, kTM, kRM,  32},
     {"olmo3-32b",  1,  4096, 4, 192,  2, 2, 0, kTM, kRM, 396},
-    {"olmo3-32b",  2,    64, 4,  96,  2, 3, 1, kTM, kRM,  32},
+    {"olmo3-32b",  2,    64, 2, 192,  1, 3, 1, kTM, kRM,  64},
     {"olmo3-32b",  2,  4096, 4,  96,  2, 3, 1, kTM, kIL, 330},
-    {"olmo3-32b",  4,    64, 4,  64,  4, 3, 1, kTM, kRM,  16},
+    {"olmo3-32b",  4,    64, 2,  96,  2, 3, 1, kTM, kRM,  32},
     {"olmo3-32b",  4,  4096, 4,  64,  4, 4, 2, kTM, kIL, 132},
     {"olmo3-32b",  8,    64, 4,  32,  8, 3, 1, kTM, kRM,   8},
     {"olmo3-32b",  8,  4096, 4,  32,  8, 5, 3, kTM, kIL,  49},
     {"minimax-m2", 1,    64, 4, 224,  1, 2, 0, kTM, kRM,  64},
     {"minimax-m2", 1,  4096, 4, 224,  1, 2, 0, kTM, kRM, 660},
-    {"minimax-m2", 2,    64, 4, 128,  2, 3, 1, kTM, kRM,  32},
+    {"minimax-m2", 2,    64, 2, 224,  1, 3, 1, kTM, kRM,  64},
     {"minimax-m2", 2,  4096, 4, 128,  2, 3, 1, kTM, kIL, 264},
-    {"minimax-m2", 4,    64, 4,  64,  4, 3, 1, kTM, kRM,  16},
+    {"minimax-m2", 4,    64, 2, 128,  2, 3, 1, kTM, kRM,  32},
     {"minimax-m2", 4,  4096, 4,  64,  4, 4, 2, kTM, kIL,  99},
     {"minimax-m2", 8,    64, 4,  32,  8, 3, 1, kTM, kRM,   8},
     {"minimax-m2", 8,  4096, 4,  32,  8, 5, 3, kTM, kIL,  49},
@@ -345,6 +346,44 @@ TEST(MakeLaunchPlan, Fp8AloneTakesEightVectorsAThreadFromManyTokensOnWideRows) {
   LaunchRequest r = bf16_request(kModels[2], 1, 16384, t);
   r.vec_bytes = 8;
   r.out_elem_bytes = 2;
+  EXPECT_EQ(plan_of(r).shape.vectors_per_thread, 4);
+}
+
+TEST(MakeLaunchPlan, FewTokensWithPeersSpreadRowsOverMoreThreads) {
+  auto shape = [](const ModelShape& m, int world, int64_t tokens, const LaunchTuning& t = {}) {
+    return plan_of(bf16_request(m, world, tokens, t)).shape;
+  };
+  const ModelShape &olmoe = kModels[0], &olmo2_13b = kModels[2], &minimax = kModels[4];
+  // OLMoE at TP 2 (256 vectors a row): one vector a thread in 256 threads where each token's
+  // block still has an SM (64 tokens x 2 ranks = 128 blocks of 132), two a thread where one
+  // would split a rank's one block in two (2 tokens), four from kSpreadMaxTokens + 1 tokens.
+  KernelShape s = shape(olmoe, 2, 1);
+  EXPECT_EQ(s.vectors_per_thread, 1);
+  EXPECT_EQ(s.group_threads, 256);
+  s = shape(olmoe, 2, 2);
+  EXPECT_EQ(s.vectors_per_thread, 2);
+  EXPECT_EQ(s.tokens_per_block, 2);
+  EXPECT_EQ(shape(olmoe, 2, kSpreadMaxTokens).vectors_per_thread, 1);
+  s = shape(olmoe, 2, kSpreadMaxTokens + 1);
+  EXPECT_EQ(s.vectors_per_thread, 4);
+  EXPECT_EQ(s.group_threads, 64);
+  // OLMo2-13B at TP 4 (320 vectors): two a thread (160 threads) at 16 tokens; at 64 tokens
+  // that is 256 blocks for 132 SMs, so four. At TP 2 (640 vectors) two a thread would need 320
+  // threads, over kSpreadMaxGroupThreads: four at any count.
+  EXPECT_EQ(shape(olmo2_13b, 4, 16).vectors_per_thread, 2);
+  EXPECT_EQ(shape(olmo2_13b, 4, 64).vectors_per_thread, 4);
+  EXPECT_EQ(shape(olmo2_13b, 2, 1).vectors_per_thread, 4);
+  // Alone, rows of a warp (OLMoE at TP 8) and forced counts are left as they were.
+  EXPECT_EQ(shape(olmoe, 1, 16).vectors_per_thread, 4);
+  EXPECT_EQ(shape(olmoe, 8, 16).group_threads, 32);
+  LaunchTuning t;
+  t.vectors_per_thread = 4;
+  EXPECT_EQ(shape(minimax, 2, 16, t).vectors_per_thread, 4);
+  // The SMs counted are the launch's budget: MiniMax-M2 at TP 2, 64 tokens takes 2 a thread
+  // (224 threads, 128 blocks) on all SMs, not within 40.
+  EXPECT_EQ(shape(minimax, 2, 64).vectors_per_thread, 2);
+  LaunchRequest r = bf16_request(minimax, 2, 64);
+  r.sm_budget = 40;
   EXPECT_EQ(plan_of(r).shape.vectors_per_thread, 4);
 }
 

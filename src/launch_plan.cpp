@@ -393,9 +393,10 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
     }
     // A launch of few tokens with peers is one latency chain: a row spread over more threads
     // (fewer vectors each) and its blocks over more SMs shortens it, while every block still
-    // has an SM of its own.
-    if (t.vectors_per_thread == 0 && r.world > 1 && launch_tokens <= kSpreadMaxTokens &&
-        lay.shape.vectors_per_thread == 4 && lay.shape.group_threads > 32) {
+    // has an SM of its own. A forced vector count or block size keeps the shape it asks for.
+    if (t.vectors_per_thread == 0 && t.block_threads == 0 && r.world > 1 &&
+        launch_tokens <= kSpreadMaxTokens && lay.shape.vectors_per_thread == 4 &&
+        lay.shape.group_threads > 32) {
       const int64_t sm_room = budget == 0 ? sms : std::min(budget, sms);
       const int64_t n = qw / r.vec_elems + kw / r.vec_elems;
       for (int vpt : {1, 2}) {

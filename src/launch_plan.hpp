@@ -376,7 +376,8 @@ struct LaunchPlan {
 /// - the ring: up to kFewTokensMax tokens a launch at TP 4-8 few_token_pipeline_depth; else
 ///   choose_pipeline_depth, or at TP 8+ up to kShallowMaxTokens the shallow pipeline where
 ///   take_shallow_pipeline says it fits enough more token groups; a tuned stage or deferral
-///   depth turns both exceptions off, a tuned vector count the packing and the spread;
+///   depth turns both exceptions off, a tuned vector count the packing and the spread, a tuned
+///   block size the spread;
 /// - per chunk, the slot order (choose_slot_layout, from hashed values only) and the block order
 ///   (choose_block_order), and the resident grid (plan_grid, within launch_sm_budget).
 /// footprint_of is asked for each layout it weighs, for each order the chunks take. Throws

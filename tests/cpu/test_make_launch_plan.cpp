@@ -373,12 +373,18 @@ TEST(MakeLaunchPlan, FewTokensWithPeersSpreadRowsOverMoreThreads) {
   EXPECT_EQ(shape(olmo2_13b, 4, 16).vectors_per_thread, 2);
   EXPECT_EQ(shape(olmo2_13b, 4, 64).vectors_per_thread, 4);
   EXPECT_EQ(shape(olmo2_13b, 2, 1).vectors_per_thread, 4);
-  // Alone, rows of a warp (OLMoE at TP 8) and forced counts are left as they were.
+  // Alone, rows of a warp (OLMoE at TP 8), forced counts and forced block sizes are left as
+  // they were.
   EXPECT_EQ(shape(olmoe, 1, 16).vectors_per_thread, 4);
   EXPECT_EQ(shape(olmoe, 8, 16).group_threads, 32);
   LaunchTuning t;
   t.vectors_per_thread = 4;
   EXPECT_EQ(shape(minimax, 2, 16, t).vectors_per_thread, 4);
+  t = {};
+  t.block_threads = 128;  // MiniMax-M2's 448 vectors at TP 2: 4 a thread, 128 threads
+  s = shape(minimax, 2, 16, t);
+  EXPECT_EQ(s.vectors_per_thread, 4);
+  EXPECT_EQ(s.group_threads, 128);
   // The SMs counted are the launch's budget: MiniMax-M2 at TP 2, 64 tokens takes 2 a thread
   // (224 threads, 128 blocks) on all SMs, not within 40.
   EXPECT_EQ(shape(minimax, 2, 64).vectors_per_thread, 2);

@@ -209,7 +209,7 @@ constexpr int64_t kNarrowEightMaxVectors = 512;
 /// launch is one latency chain, which more threads a row and more SMs shorten; the second block
 /// of a rank waits for the first one's claim and counts itself finished (rank_claim.cuh), which
 /// cost 0.1-0.4 us more than the spread saved at 2-4 tokens. With virtual ranks on one H100, at
-/// 1-64 tokens and TP 2-8 the five models in bf16 and fp8 are 0.2-0.75 us faster where the
+/// 1-64 tokens and TP 2-8 the five models in bf16 and fp8 are 0.14-0.75 us faster where the
 /// layout changes and level elsewhere (docs/performance.md, "Few tokens with peers: rows over
 /// more threads").
 constexpr int64_t kSpreadMaxTokens = 64;

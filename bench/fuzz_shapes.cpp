@@ -2,7 +2,6 @@
 // the same shapes wherever it runs.
 #include "fuzz_shapes.hpp"
 
-#include <charconv>
 #include <cmath>
 #include <sstream>
 
@@ -46,21 +45,6 @@ std::vector<FuzzPoint> fuzz_points(int n, uint64_t seed) {
     out.push_back(p);
   }
   return out;
-}
-
-bool parse_token_range(const std::string& s, TokenRange* r) {
-  const std::size_t colon = s.find(':');
-  if (colon == std::string::npos) return false;
-  int64_t lo = 0, hi = 0;
-  const auto whole = [](const char* b, const char* e, int64_t& v) {
-    const auto res = std::from_chars(b, e, v);
-    return b != e && res.ec == std::errc() && res.ptr == e;
-  };
-  const char* d = s.data();
-  if (!whole(d, d + colon, lo) || !whole(d + colon + 1, d + s.size(), hi)) return false;
-  if (lo < 1 || hi < lo) return false;
-  *r = TokenRange{lo, hi};
-  return true;
 }
 
 std::string describe(const FuzzPoint& p) {

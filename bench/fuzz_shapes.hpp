@@ -28,9 +28,6 @@ struct TokenRange {
   bool holds(int64_t tokens) const { return tokens >= lo && tokens <= hi; }
 };
 
-/// Parses "LO:HI" (whole numbers, 1 <= LO <= HI) into *r; false, with *r untouched, otherwise.
-bool parse_token_range(const std::string& s, TokenRange* r);
-
 /// One line describing p: "q 1536 k 256 bf16 olmo2 tp 8 tokens 333".
 std::string describe(const FuzzPoint& p);
 

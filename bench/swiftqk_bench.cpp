@@ -313,6 +313,18 @@ CLI::Validator whole_number(int64_t lo, const std::string& name) {
       name);
 }
 
+// "LO:HI" (whole numbers, 1 <= LO <= HI) into *r; false, with *r untouched, otherwise.
+bool parse_token_range(const std::string& s, TokenRange* r) {
+  const std::size_t colon = s.find(':');
+  int64_t lo = 0, hi = 0;
+  if (colon == std::string::npos || !parse_whole(s.substr(0, colon), lo) ||
+      !parse_whole(s.substr(colon + 1), hi) || lo < 1 || hi < lo) {
+    return false;
+  }
+  *r = TokenRange{lo, hi};
+  return true;
+}
+
 CLI::Validator token_range() {
   return CLI::Validator(
       [](std::string& s) -> std::string {

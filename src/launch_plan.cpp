@@ -400,10 +400,11 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
       const int64_t sm_room = budget == 0 ? sms : std::min(budget, sms);
       const int64_t n = qw / r.vec_elems + kw / r.vec_elems;
       for (int vpt : {1, 2}) {
+        // The group is these lanes rounded up to a warp (or a power of two below one), so at
+        // most kSpreadMaxGroupThreads too.
         if (ceil_div(n, vpt) > kSpreadMaxGroupThreads) continue;
         const KernelShape s = choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world, vpt,
                                                   r.vec_bytes, staged_limit, launch_tokens);
-        if (s.group_threads > kSpreadMaxGroupThreads) continue;
         if (ceil_div(launch_tokens * r.ranks, s.tokens_per_block) > sm_room) continue;
         // A rank of one block skips the other blocks' wait for its claim and the count of
         // finished blocks (rank_claim.cuh): spreading it over two or more costs more than it saves.

@@ -54,12 +54,15 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
   EpilogueShape s;
   s.vec = vec;
   const int64_t units = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim / vec;
+  const bool exchanges = epilogue_exchanges(p, world);
+  const int per_thread = exchanges && p.tokens <= kEpilogueFewTokensMax
+                             ? kEpilogueFewTokenUnitsPerThread
+                             : kEpilogueUnitsPerThread;
   int threads = kEpilogueMinThreads;
-  while (threads < kEpilogueBlockCap && threads * kEpilogueUnitsPerThread < units) threads <<= 1;
+  while (threads < kEpilogueBlockCap && threads * per_thread < units) threads <<= 1;
   s.threads = t.block_threads != 0 ? t.block_threads : threads;
   int log2_world = 0;
   while ((1 << log2_world) < world) ++log2_world;
-  const bool exchanges = epilogue_exchanges(p, world);
   SWIFTQK_EXPECTS(exchanges || t.defer <= 0,
                   "QkEpilogueParams.tuning.defer = " + std::to_string(t.defer) +
                       ": a launch that exchanges nothing (TP 1, or a headwise norm) defers "

@@ -10,6 +10,10 @@ namespace swiftqk {
 
 /// Vectors a thread handles per token at most before the block grows (up to the largest block).
 constexpr int kEpilogueUnitsPerThread = 4;
+/// With peers, launches of at most kEpilogueFewTokensMax tokens take half as many a thread (twice
+/// the threads a block): such a launch is one latency chain, which more threads a row shorten.
+constexpr int kEpilogueFewTokenUnitsPerThread = 2;
+constexpr int64_t kEpilogueFewTokensMax = 64;
 /// A short row (high TP) gets a block of one warp: its barriers are then the warp's own, and up to
 /// 32 such blocks, each with its own tokens in flight, share an SM.
 constexpr int kEpilogueMinThreads = 32;

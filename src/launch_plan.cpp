@@ -418,6 +418,29 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
         }
       }
     }
+    // Streamed rows (8 vectors a thread) of few tokens with peers: 2, else 4, vectors a thread,
+    // on the same conditions (experiment).
+    if (t.vectors_per_thread == 0 && t.block_threads == 0 && r.world > 1 &&
+        launch_tokens <= kSpreadMaxTokens && lay.shape.vectors_per_thread == 0 &&
+        r.vec_elems > 1) {
+      const int64_t sm_room = budget == 0 ? sms : std::min(budget, sms);
+      const int64_t n = qw / r.vec_elems + kw / r.vec_elems;
+      for (int per : {2, 4}) {
+        KernelShape s = lay.shape;
+        s.group_threads = static_cast<int>(std::min<int64_t>(1024, round_up_32(ceil_div(n, per))));
+        if (s.group_threads <= lay.shape.group_threads) continue;
+        s.tokens_per_block = groups_per_block(s, n, block_target);
+        if (ceil_div(launch_tokens * r.ranks, s.tokens_per_block) > sm_room) continue;
+        if (launch_tokens <= lay.shape.tokens_per_block && launch_tokens > s.tokens_per_block) {
+          continue;
+        }
+        const Layout l = layout_of(depth, s);
+        if (l.footprint.blocks_per_sm >= 1) {
+          lay = l;
+          break;
+        }
+      }
+    }
     return lay;
   };
   const bool tuned_depth = t.stages != 0 || t.defer != 0;

@@ -418,11 +418,10 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
         }
       }
     }
-    // Streamed rows (8 vectors a thread) of few tokens with peers: 2, else 4, vectors a thread,
-    // on the same conditions (experiment).
+    // Streamed rows (8 vectors a thread) of few tokens with peers: groups of a warp per 2, else
+    // 4, vectors of the row, on the same conditions as the staged rows' spread above.
     if (t.vectors_per_thread == 0 && t.block_threads == 0 && r.world > 1 &&
-        launch_tokens <= kSpreadMaxTokens && lay.shape.vectors_per_thread == 0 &&
-        r.vec_elems > 1) {
+        launch_tokens <= kSpreadMaxTokens && lay.shape.vectors_per_thread == 0 && r.vec_elems > 1) {
       const int64_t sm_room = budget == 0 ? sms : std::min(budget, sms);
       const int64_t n = qw / r.vec_elems + kw / r.vec_elems;
       for (int per : {2, 4}) {
@@ -440,6 +439,22 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
           break;
         }
       }
+    }
+    // Two further cases take 2 vectors a thread instead of 4: alone, launches of few tokens whose
+    // doubled group still fits the block; with peers, fp8 rows of 16-byte vectors (16 elements
+    // each, so 4 a thread is twice bf16's work a lane) in launches just past the spread.
+    const bool alone_few = r.world == 1 && launch_tokens <= kSpreadMaxTokens;
+    const bool fp8_wide = r.world > 1 && r.vec_bytes == 16 && r.vec_elems == 16 &&
+                          launch_tokens <= kFp8HalfVectorsMaxTokens &&
+                          qw / r.vec_elems + kw / r.vec_elems >= kFp8HalfVectorsMinVectors;
+    // The doubled group fits the block alone, and a block's 1024 threads with peers.
+    const int64_t half_lanes = ceil_div(qw / r.vec_elems + kw / r.vec_elems, 2);
+    if (t.vectors_per_thread == 0 && t.block_threads == 0 && lay.shape.vectors_per_thread == 4 &&
+        ((alone_few && half_lanes <= block_target) || (fp8_wide && half_lanes <= 1024))) {
+      const Layout l =
+          layout_of(depth, choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world, 2,
+                                               r.vec_bytes, staged_limit, launch_tokens));
+      if (l.footprint.blocks_per_sm >= 1) lay = l;
     }
     return lay;
   };

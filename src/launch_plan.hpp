@@ -210,10 +210,30 @@ constexpr int64_t kNarrowEightMaxVectors = 512;
 /// of a rank waits for the first one's claim and counts itself finished (rank_claim.cuh), which
 /// cost 0.1-0.4 us more than the spread saved at 2-4 tokens. With virtual ranks on one H100, at
 /// 1-64 tokens and TP 2-8 the five models in bf16 and fp8 are 0.14-0.75 us faster where the
-/// layout changes and level elsewhere (docs/performance.md, "Few tokens with peers: rows over
-/// more threads").
+/// layout changes and level elsewhere (docs/performance.md, "Few tokens: rows over more
+/// threads").
 constexpr int64_t kSpreadMaxTokens = 64;
 constexpr int kSpreadMaxGroupThreads = 256;
+
+/// Streamed rows (8 vectors a thread, rows too wide to stage) of launches of up to
+/// kSpreadMaxTokens tokens with peers take groups of one lane per 2, else 4, vectors of the row
+/// (at most 1024 threads), on the spread's conditions above. On one H100, virtual TP 2, f32 rows
+/// of 10784-15784 elements a rank at 1-64 tokens are 0.84-3.14 us faster; TP 4 and 8 are level
+/// (docs/performance.md, "Few tokens: rows over more threads").
+///
+/// Two more launches take 2 vectors a thread where the tuned shape takes 4 (virtual ranks on one
+/// H100, two passes against 6030c1b; docs/performance.md, "Few tokens: rows over more threads"):
+/// - alone, launches of up to kSpreadMaxTokens tokens whose doubled group still fits the block
+///   (kDefaultBlockThreadsAlone): OLMoE and OLMo3-32B in bf16 and fp8 at 1-64 tokens are
+///   0.21-0.65 us faster; MiniMax-M2 (448 threads) and OLMo2-7B and OLMo2-13B keep their shape
+///   (forced, MiniMax-M2 was 0.05-0.1 us faster, OLMo2-7B level and OLMo2-13B 0.06-0.12 slower);
+/// - with peers, fp8 rows of 16-byte vectors (16 elements each: at 4 a thread a lane does twice
+///   bf16's work) of at least kFp8HalfVectorsMinVectors vectors in launches of up to
+///   kFp8HalfVectorsMaxTokens tokens (fp8 takes 8-byte vectors up to kFp8FewTokensMax): at 65-128
+///   tokens, TP 2 and 4, 0.20-0.96 us faster at all 36 such points of the five models. Rows of
+///   64-80 vectors (TP 8) were level or slower forced.
+constexpr int64_t kFp8HalfVectorsMaxTokens = 128;
+constexpr int64_t kFp8HalfVectorsMinVectors = 96;
 
 /// Threads a block aims at: groups are added while the block stays within this many threads.
 /// 256 with peers; alone, 384 (on one H200 at 4096 tokens, 3 OLMoE or 2 OLMo3-32B groups per

@@ -123,7 +123,7 @@ constexpr BlockOrder kIL = BlockOrder::kInterleaved;
 const Pin kPins[] = {
     // model, TP, tokens; vectors a thread, group threads, groups a block; stages, D; orders;
     // blocks a rank
-    {"olmoe",      1,    64, 4, 128,  3, 2, 0, kTM, kRM,  22},
+    {"olmoe",      1,    64, 2, 256,  1, 2, 0, kTM, kRM,  64},
     {"olmoe",      1,  4096, 4, 128,  3, 2, 0, kTM, kRM, 396},
     {"olmoe",      2,    64, 1, 256,  1, 3, 1, kTM, kRM,  64},
     {"olmoe",      2,  4096, 4,  64,  4, 3, 1, kTM, kIL, 264},
@@ -152,7 +152,7 @@ const Pin kPins[] = {
     {"olmo2-13b",  4,  4096, 4,  96,  2, 4, 2, kTM, kIL, 132},
     {"olmo2-13b",  8,    64, 4,  64,  4, 3, 1, kTM, kRM,  16},
     {"olmo2-13b",  8,  4096, 4,  64,  4, 5, 3, kTM, kIL,  66},
-    {"olmo3-32b",  1,    64, 4, 192,  2, 2, 0, kTM, kRM,  32},
+    {"olmo3-32b",  1,    64, 2, 384,  1, 2, 0, kTM, kRM,  64},
     {"olmo3-32b",  1,  4096, 4, 192,  2, 2, 0, kTM, kRM, 396},
     {"olmo3-32b",  2,    64, 2, 192,  1, 3, 1, kTM, kRM,  64},
     {"olmo3-32b",  2,  4096, 4,  96,  2, 3, 1, kTM, kIL, 330},
@@ -373,9 +373,7 @@ TEST(MakeLaunchPlan, FewTokensWithPeersSpreadRowsOverMoreThreads) {
   EXPECT_EQ(shape(olmo2_13b, 4, 16).vectors_per_thread, 2);
   EXPECT_EQ(shape(olmo2_13b, 4, 64).vectors_per_thread, 4);
   EXPECT_EQ(shape(olmo2_13b, 2, 1).vectors_per_thread, 4);
-  // Alone, rows of a warp (OLMoE at TP 8), forced counts and forced block sizes are left as
-  // they were.
-  EXPECT_EQ(shape(olmoe, 1, 16).vectors_per_thread, 4);
+  // Rows of a warp (OLMoE at TP 8), forced counts and forced block sizes are left as they were.
   EXPECT_EQ(shape(olmoe, 8, 16).group_threads, 32);
   LaunchTuning t;
   t.vectors_per_thread = 4;
@@ -391,6 +389,97 @@ TEST(MakeLaunchPlan, FewTokensWithPeersSpreadRowsOverMoreThreads) {
   LaunchRequest r = bf16_request(minimax, 2, 64);
   r.sm_budget = 40;
   EXPECT_EQ(plan_of(r).shape.vectors_per_thread, 4);
+}
+
+TEST(MakeLaunchPlan, FewTokensAloneTakeTwoVectorsAThreadWhereTheGroupStillFitsTheBlock) {
+  auto shape = [](const ModelShape& m, int64_t tokens, const LaunchTuning& t = {}) {
+    return plan_of(bf16_request(m, 1, tokens, t)).shape;
+  };
+  // OLMoE's 512 vectors: 2 a thread in 256 threads (not 4 in 128, three groups a block) up to
+  // kSpreadMaxTokens tokens; OLMo3-32B's 768: 384 threads, the block's whole target.
+  for (int64_t tokens : {int64_t{1}, int64_t{16}, kSpreadMaxTokens}) {
+    SCOPED_TRACE(tokens);
+    KernelShape s = shape(kModels[0], tokens);
+    EXPECT_EQ(s.vectors_per_thread, 2);
+    EXPECT_EQ(s.group_threads, 256);
+    EXPECT_EQ(s.tokens_per_block, 1);
+    s = shape(kModels[3], tokens);
+    EXPECT_EQ(s.vectors_per_thread, 2);
+    EXPECT_EQ(s.group_threads, 384);
+  }
+  // More tokens, or a doubled group over the block (MiniMax-M2's 896 vectors: 448 threads;
+  // OLMo2-7B and OLMo2-13B), keep 4; so do a forced vector count and a forced block size.
+  EXPECT_EQ(shape(kModels[0], kSpreadMaxTokens + 1).vectors_per_thread, 4);
+  EXPECT_EQ(shape(kModels[3], kSpreadMaxTokens + 1).group_threads, 192);
+  for (int m : {1, 2, 4}) EXPECT_EQ(shape(kModels[m], 1).vectors_per_thread, 4) << kModels[m].name;
+  // A row too wide for 2 a thread in one block (3936 vectors, 992 threads at 4) keeps 4.
+  EXPECT_EQ(shape(ModelShape{"wide", 16192, 15296}, 9).group_threads, 992);
+  LaunchTuning t;
+  t.vectors_per_thread = 4;
+  EXPECT_EQ(shape(kModels[0], 16, t).group_threads, 128);
+  t = {};
+  t.block_threads = 384;
+  EXPECT_EQ(shape(kModels[0], 16, t).vectors_per_thread, 4);
+}
+
+TEST(MakeLaunchPlan, Fp8WithPeersTakesTwoVectorsAThreadJustPastTheSpread) {
+  // fp8 in 16-byte vectors (16 elements), bf16 out, past kFp8FewTokensMax (8-byte vectors below).
+  auto fp8 = [](const ModelShape& m, int world, int64_t tokens, const LaunchTuning& t = {}) {
+    LaunchRequest r = bf16_request(m, world, tokens, t);
+    r.vec_elems = 16;
+    r.out_elem_bytes = 2;
+    return plan_of(r).shape;
+  };
+  // OLMo2-7B at TP 2 (256 vectors a row) and TP 4 (128): 2 a thread in 128 and 64 threads up to
+  // kFp8HalfVectorsMaxTokens tokens, 4 after.
+  for (int64_t tokens : {kFp8FewTokensMax + 1, kFp8HalfVectorsMaxTokens}) {
+    SCOPED_TRACE(tokens);
+    KernelShape s = fp8(kModels[1], 2, tokens);
+    EXPECT_EQ(s.vectors_per_thread, 2);
+    EXPECT_EQ(s.group_threads, 128);
+    s = fp8(kModels[1], 4, tokens);
+    EXPECT_EQ(s.vectors_per_thread, 2);
+    EXPECT_EQ(s.group_threads, 64);
+    // MiniMax-M2 at TP 4: 112 vectors, at least kFp8HalfVectorsMinVectors.
+    EXPECT_EQ(fp8(kModels[4], 4, tokens).vectors_per_thread, 2);
+    // OLMo2-13B at TP 8: 80 vectors, fewer: 4 a thread in a warp.
+    s = fp8(kModels[2], 8, tokens);
+    EXPECT_EQ(s.vectors_per_thread, 4);
+    EXPECT_EQ(s.group_threads, 32);
+  }
+  EXPECT_EQ(fp8(kModels[1], 2, kFp8HalfVectorsMaxTokens + 1).vectors_per_thread, 4);
+  // A row of 4096 vectors a rank (131072 + 2048 at TP 2) cannot take 2 a thread in 1024 threads.
+  EXPECT_NE(fp8(ModelShape{"long", 131072, 2048}, 2, 96).vectors_per_thread, 2);
+  // bf16 rows of the same vectors keep 4; so does a forced count.
+  EXPECT_EQ(plan_of(bf16_request(kModels[1], 4, 96)).shape.vectors_per_thread, 4);
+  LaunchTuning t;
+  t.vectors_per_thread = 4;
+  EXPECT_EQ(fp8(kModels[1], 2, 96, t).vectors_per_thread, 4);
+}
+
+TEST(MakeLaunchPlan, FewTokensWithPeersSpreadStreamedRows) {
+  // f32 rows of 15872 + 15696 elements: at TP 2 each rank's row is 3946 16-byte vectors, too
+  // wide to stage, streamed 8 vectors a thread in 512 threads. Up to kSpreadMaxTokens tokens with
+  // every block on an SM of its own, one lane per 2 vectors (1024 threads at most) instead.
+  const ModelShape wide{"wide", 15872, 15696};
+  auto f32 = [&](int world, int64_t tokens, const LaunchTuning& t = {}) {
+    LaunchRequest r = bf16_request(wide, world, tokens, t);
+    r.vec_elems = 4;
+    r.out_elem_bytes = 4;
+    return plan_of(r).shape;
+  };
+  KernelShape s = f32(2, 1);
+  EXPECT_EQ(s.vectors_per_thread, 0);
+  EXPECT_EQ(s.group_threads, 1024);
+  EXPECT_EQ(f32(2, kSpreadMaxTokens).group_threads, 1024);
+  s = f32(2, 4096);
+  EXPECT_EQ(s.vectors_per_thread, 0);
+  EXPECT_EQ(s.group_threads, 512);
+  EXPECT_EQ(f32(2, kSpreadMaxTokens + 1).group_threads, 512);
+  // A forced block size keeps the streamed group.
+  LaunchTuning t;
+  t.block_threads = 512;
+  EXPECT_EQ(f32(2, 1, t).group_threads, 512);
 }
 
 TEST(MakeLaunchPlan, WideRowsAloneAreStagedAtTwoStagesAndStreamOtherwise) {

@@ -2,6 +2,7 @@
 #include "launch_plan.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 
 #include "swiftqk/error.hpp"
@@ -394,17 +395,13 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
     // A launch of few tokens with peers is one latency chain: a row spread over more threads
     // (fewer vectors each) and its blocks over more SMs shortens it, while every block still
     // has an SM of its own. A forced vector count or block size keeps the shape it asks for.
-    if (t.vectors_per_thread == 0 && t.block_threads == 0 && r.world > 1 &&
-        launch_tokens <= kSpreadMaxTokens && lay.shape.vectors_per_thread == 4 &&
-        lay.shape.group_threads > 32) {
+    // spread takes the first candidate shape (shape_for(option, &shape) true) whose blocks each
+    // have an SM of the launch's budget and that keeps a rank of one block in one.
+    auto spread = [&](auto&& shape_for, std::initializer_list<int> options) {
       const int64_t sm_room = budget == 0 ? sms : std::min(budget, sms);
-      const int64_t n = qw / r.vec_elems + kw / r.vec_elems;
-      for (int vpt : {1, 2}) {
-        // The group is these lanes rounded up to a warp (or a power of two below one), so at
-        // most kSpreadMaxGroupThreads too.
-        if (ceil_div(n, vpt) > kSpreadMaxGroupThreads) continue;
-        const KernelShape s = choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world, vpt,
-                                                  r.vec_bytes, staged_limit, launch_tokens);
+      for (int option : options) {
+        KernelShape s;
+        if (!shape_for(option, &s)) continue;
         if (ceil_div(launch_tokens * r.ranks, s.tokens_per_block) > sm_room) continue;
         // A rank of one block skips the other blocks' wait for its claim and the count of
         // finished blocks (rank_claim.cuh): spreading it over two or more costs more than it saves.
@@ -414,31 +411,36 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
         const Layout l = layout_of(depth, s);
         if (l.footprint.blocks_per_sm >= 1) {
           lay = l;
-          break;
+          return;
         }
       }
-    }
-    // Streamed rows (8 vectors a thread) of few tokens with peers: groups of a warp per 2, else
-    // 4, vectors of the row, on the same conditions as the staged rows' spread above.
-    if (t.vectors_per_thread == 0 && t.block_threads == 0 && r.world > 1 &&
-        launch_tokens <= kSpreadMaxTokens && lay.shape.vectors_per_thread == 0 && r.vec_elems > 1) {
-      const int64_t sm_room = budget == 0 ? sms : std::min(budget, sms);
-      const int64_t n = qw / r.vec_elems + kw / r.vec_elems;
-      for (int per : {2, 4}) {
-        KernelShape s = lay.shape;
-        s.group_threads = static_cast<int>(std::min<int64_t>(1024, round_up_32(ceil_div(n, per))));
-        if (s.group_threads <= lay.shape.group_threads) continue;
-        s.tokens_per_block = groups_per_block(s, n, block_target);
-        if (ceil_div(launch_tokens * r.ranks, s.tokens_per_block) > sm_room) continue;
-        if (launch_tokens <= lay.shape.tokens_per_block && launch_tokens > s.tokens_per_block) {
-          continue;
-        }
-        const Layout l = layout_of(depth, s);
-        if (l.footprint.blocks_per_sm >= 1) {
-          lay = l;
-          break;
-        }
-      }
+    };
+    const int64_t n = qw / r.vec_elems + kw / r.vec_elems;
+    const bool few_with_peers = t.vectors_per_thread == 0 && t.block_threads == 0 && r.world > 1 &&
+                                launch_tokens <= kSpreadMaxTokens;
+    if (few_with_peers && lay.shape.vectors_per_thread == 4 && lay.shape.group_threads > 32) {
+      // Staged rows: 1, else 2, vectors a thread. The group is these lanes rounded up to a warp
+      // (or a power of two below one), so at most kSpreadMaxGroupThreads too.
+      spread(
+          [&](int vpt, KernelShape* s) {
+            if (ceil_div(n, vpt) > kSpreadMaxGroupThreads) return false;
+            *s = choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world, vpt, r.vec_bytes,
+                                     staged_limit, launch_tokens);
+            return true;
+          },
+          {1, 2});
+    } else if (few_with_peers && lay.shape.vectors_per_thread == 0 && r.vec_elems > 1) {
+      // Streamed rows (8 vectors a thread): groups of one lane per 2, else 4, vectors.
+      const KernelShape streamed = lay.shape;
+      spread(
+          [&](int per, KernelShape* s) {
+            *s = streamed;
+            s->group_threads = std::min(1024, round_up_32(ceil_div(n, per)));
+            if (s->group_threads <= streamed.group_threads) return false;
+            s->tokens_per_block = groups_per_block(*s, n, block_target);
+            return true;
+          },
+          {2, 4});
     }
     // Two further cases take 2 vectors a thread instead of 4: alone, launches of few tokens whose
     // doubled group still fits the block; with peers, fp8 rows of 16-byte vectors (16 elements
@@ -446,9 +448,9 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
     const bool alone_few = r.world == 1 && launch_tokens <= kSpreadMaxTokens;
     const bool fp8_wide = r.world > 1 && r.vec_bytes == 16 && r.vec_elems == 16 &&
                           launch_tokens <= kFp8HalfVectorsMaxTokens &&
-                          qw / r.vec_elems + kw / r.vec_elems >= kFp8HalfVectorsMinVectors;
+                          n >= kFp8HalfVectorsMinVectors;
     // The doubled group fits the block alone, and a block's 1024 threads with peers.
-    const int64_t half_lanes = ceil_div(qw / r.vec_elems + kw / r.vec_elems, 2);
+    const int64_t half_lanes = ceil_div(n, 2);
     if (t.vectors_per_thread == 0 && t.block_threads == 0 && lay.shape.vectors_per_thread == 4 &&
         ((alone_few && half_lanes <= block_target) || (fp8_wide && half_lanes <= 1024))) {
       const Layout l =

@@ -391,13 +391,15 @@ struct LaunchPlan {
 /// @brief The tuned policy, with what r.tuning overrides (docs/design.md, "Launch shape"):
 /// - the thread layout: choose_kernel_shape at the block size the world aims at; with peers,
 ///   short rows packed several to a warp (packed_kernel_shape) when the unpacked grid of the
-///   first chunk is capped by residency and the packed one still gives every rank a block, and
-///   up to kSpreadMaxTokens tokens rows spread over more threads;
+///   first chunk is capped by residency and the packed one still gives every rank a block;
+///   up to kSpreadMaxTokens tokens rows spread over more threads (staged and streamed with
+///   peers, 2 vectors a thread alone where the group fits the block), and fp8 rows of 16-byte
+///   vectors with peers at 2 vectors a thread up to kFp8HalfVectorsMaxTokens;
 /// - the ring: up to kFewTokensMax tokens a launch at TP 4-8 few_token_pipeline_depth; else
 ///   choose_pipeline_depth, or at TP 8+ up to kShallowMaxTokens the shallow pipeline where
 ///   take_shallow_pipeline says it fits enough more token groups; a tuned stage or deferral
-///   depth turns both exceptions off, a tuned vector count the packing and the spread, a tuned
-///   block size the spread;
+///   depth turns both exceptions off, a tuned vector count the packing and the spreads, a tuned
+///   block size the spreads;
 /// - per chunk, the slot order (choose_slot_layout, from hashed values only) and the block order
 ///   (choose_block_order), and the resident grid (plan_grid, within launch_sm_budget).
 /// footprint_of is asked for each layout it weighs, for each order the chunks take. Throws

@@ -313,8 +313,11 @@ namespace {
 // of one rank has one order.
 ChunkOrders orders_of(const LaunchRequest& r, int64_t chunk_tokens) {
   ChunkOrders o;
-  if (r.deterministic) return o;  // token-major slots, rank-major blocks: its only orders
-  o.slots = choose_slot_layout(r.world, r.q_full_width, r.k_full_width, chunk_tokens);
+  // The deterministic mode has token-major slots only; the block order changes which block
+  // serves a token, never the order of a sum, so it takes the tuned one too.
+  if (!r.deterministic) {
+    o.slots = choose_slot_layout(r.world, r.q_full_width, r.k_full_width, chunk_tokens);
+  }
   o.blocks = choose_block_order(r.ranks, chunk_tokens);
   if (r.ranks > 1 && r.tuning.block_order != LaunchTuning::BlockOrder::kTuned) {
     o.blocks = r.tuning.block_order == LaunchTuning::BlockOrder::kRankMajor

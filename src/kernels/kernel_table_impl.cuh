@@ -26,9 +26,11 @@ KernelFn pick_det(const KernelKey& k) {
     return nullptr;
   } else {
     constexpr SlotLayout kTM = SlotLayout::kTokenMajor;
-    constexpr BlockOrder kRM = BlockOrder::kRankMajor;
-    return k.alone ? pick_norm_order<Tin, VEC, VPT, false, true, kTM, kRM, kDetLanes>(k.order)
-                   : pick_norm_order<Tin, VEC, VPT, false, false, kTM, kRM, kDetLanes>(k.order);
+    constexpr BlockOrder kRM = BlockOrder::kRankMajor, kIL = BlockOrder::kInterleaved;
+    if (k.alone) return pick_norm_order<Tin, VEC, VPT, false, true, kTM, kRM, kDetLanes>(k.order);
+    return k.blocks == kIL
+               ? pick_norm_order<Tin, VEC, VPT, false, false, kTM, kIL, kDetLanes>(k.order)
+               : pick_norm_order<Tin, VEC, VPT, false, false, kTM, kRM, kDetLanes>(k.order);
   }
 }
 
@@ -48,8 +50,8 @@ KernelFn pick_block_order(const KernelKey& k) {
 template <typename Tin, int VEC, int VPT>
 KernelFn pick_method(const KernelKey& k) {
   constexpr SlotLayout kTM = SlotLayout::kTokenMajor;
-  // The deterministic mode exists for the SwiftQK exchange on the vector path, in the default
-  // slot and block orders only (the host rejects or replaces every other choice).
+  // The deterministic mode exists for the SwiftQK exchange on the vector path, in token-major
+  // slots and both block orders (the host rejects or replaces every other choice).
   if (k.deterministic) {
     if constexpr (VEC == 1) {
       return nullptr;

@@ -561,7 +561,7 @@ TEST(MakeLaunchPlan, BadRequestsAndTuningsThrow) {
                         {"LaunchTuning::block_threads 1024", "occupancy 0"});
 }
 
-TEST(MakeLaunchPlan, DeterministicModeTakesItsOwnShapeAndTheDefaultOrders) {
+TEST(MakeLaunchPlan, DeterministicModeTakesItsOwnShapeTokenMajorSlotsAndTheTunedBlockOrder) {
   for (const ModelShape& m : kModels) {
     for (int world : {1, 2, 4, 8}) {
       for (int64_t tokens : {int64_t{1}, int64_t{4096}}) {
@@ -576,10 +576,22 @@ TEST(MakeLaunchPlan, DeterministicModeTakesItsOwnShapeAndTheDefaultOrders) {
         EXPECT_EQ(plan.det_q_slots, want.q_slots) << m.name << " TP " << world;
         EXPECT_EQ(plan.shape.det_lanes, want.shape.det_lanes) << m.name << " TP " << world;
         EXPECT_EQ(plan.chunk(0).orders.slots, SlotLayout::kTokenMajor) << m.name;
-        EXPECT_EQ(plan.chunk(0).orders.blocks, BlockOrder::kRankMajor) << m.name;
+        EXPECT_EQ(plan.chunk(0).orders.blocks, choose_block_order(r.ranks, plan.full.tokens))
+            << m.name << " TP " << world << ", " << tokens << " tokens";
       }
     }
   }
+  // With peers the block order follows the token count (interleaved from 2048 tokens), and a
+  // forced one is taken: it changes which block serves a token, not the order of any sum.
+  LaunchRequest many = bf16_request(kModels[2], 2, 4096);
+  many.deterministic = true;
+  EXPECT_EQ(plan_of(many).chunk(0).orders.blocks, BlockOrder::kInterleaved);
+  EXPECT_EQ(plan_of(many).chunk(0).orders.slots, SlotLayout::kTokenMajor);
+  LaunchTuning rank_major;
+  rank_major.block_order = LaunchTuning::BlockOrder::kRankMajor;
+  LaunchRequest forced = bf16_request(kModels[2], 2, 4096, rank_major);
+  forced.deterministic = true;
+  EXPECT_EQ(plan_of(forced).chunk(0).orders.blocks, BlockOrder::kRankMajor);
 }
 
 TEST(MakeLaunchPlan, DeterministicModeTakesForcedVectorsAndRefusesTheScalarPath) {

@@ -321,6 +321,23 @@ TEST(Deterministic, EveryForcedLaunchShapeWritesTheSameBits) {
   }
 }
 
+// The block order (interleaved from 2048 tokens with peers, or forced) changes which block
+// serves a token, never the order of a sum: both orders write TP 1's bits.
+TEST(Deterministic, BothBlockOrdersWriteTheSameBits) {
+  REQUIRE_GPU();
+  const Problem p = Problem::random(2500, 5120, 5120, DType::kBF16, NormOrder::kOlmo2, 1e-6f, 31);
+  const Gathered want = run_at(p, 1);
+  for (int world : {2, 8}) {
+    for (auto order : {LaunchTuning::BlockOrder::kTuned, LaunchTuning::BlockOrder::kRankMajor,
+                       LaunchTuning::BlockOrder::kInterleaved}) {
+      LaunchTuning t;
+      t.block_order = order;
+      EXPECT_EQ(first_difference(want, run_at(p, world, true, 16384, t), dtype_size(p.out())), "")
+          << "TP " << world << ", block order " << static_cast<int>(order);
+    }
+  }
+}
+
 TEST(Deterministic, DefaultModeDiffersAcrossTpDegrees) {
   // The negative control: without the mode, TP 1 and TP 8 sum in other orders, so the
   // comparison above would see different bits for these rows.

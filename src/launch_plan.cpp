@@ -419,8 +419,9 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
       }
     };
     const int64_t n = qw / r.vec_elems + kw / r.vec_elems;
-    const bool few_with_peers = t.vectors_per_thread == 0 && t.block_threads == 0 && r.world > 1 &&
-                                launch_tokens <= kSpreadMaxTokens;
+    // A forced vector count or block size turns off every reshaping below.
+    const bool policy_shape = t.vectors_per_thread == 0 && t.block_threads == 0;
+    const bool few_with_peers = policy_shape && r.world > 1 && launch_tokens <= kSpreadMaxTokens;
     if (few_with_peers && lay.shape.vectors_per_thread == 4 && lay.shape.group_threads > 32) {
       // Staged rows: 1, else 2, vectors a thread. The group is these lanes rounded up to a warp
       // (or a power of two below one), so at most kSpreadMaxGroupThreads too.
@@ -454,7 +455,7 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
                           n >= kFp8HalfVectorsMinVectors;
     // The doubled group fits the block alone, and a block's 1024 threads with peers.
     const int64_t half_lanes = ceil_div(n, 2);
-    if (t.vectors_per_thread == 0 && t.block_threads == 0 && lay.shape.vectors_per_thread == 4 &&
+    if (policy_shape && lay.shape.vectors_per_thread == 4 &&
         ((alone_few && half_lanes <= block_target) || (fp8_wide && half_lanes <= 1024))) {
       const Layout l =
           layout_of(depth, choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world, 2,

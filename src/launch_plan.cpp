@@ -446,17 +446,24 @@ LaunchPlan make_launch_plan(const LaunchRequest& r, const FootprintOf& footprint
           },
           {2, 4});
     }
-    // Two further cases take 2 vectors a thread instead of 4: alone, launches of few tokens whose
+    // Three further cases take 2 vectors a thread instead of 4: alone, launches of few tokens whose
     // doubled group still fits the block; with peers, fp8 rows of 16-byte vectors (16 elements
-    // each, so 4 a thread is twice bf16's work a lane) in launches just past the spread.
+    // each, so 4 a thread is twice bf16's work a lane) in launches just past the spread; alone,
+    // 16-bit rows of kAloneHalfVectorsMinGroup-kAloneHalfVectorsMaxGroup threads at 4 in
+    // launches of many tokens (launch_plan.hpp).
     const bool alone_few = r.world == 1 && launch_tokens <= kSpreadMaxTokens;
     const bool fp8_wide = r.world > 1 && r.vec_bytes == 16 && r.vec_elems == 16 &&
                           launch_tokens <= kFp8HalfVectorsMaxTokens &&
                           n >= kFp8HalfVectorsMinVectors;
-    // The doubled group fits the block alone, and a block's 1024 threads with peers.
+    const bool alone_mid = r.world == 1 && r.vec_bytes == 16 && r.vec_elems == 8 &&
+                           launch_tokens >= kAloneHalfVectorsFromTokens &&
+                           lay.shape.group_threads >= kAloneHalfVectorsMinGroup &&
+                           lay.shape.group_threads <= kAloneHalfVectorsMaxGroup;
+    // The doubled group fits the block alone at few tokens, and a block's 1024 threads else.
     const int64_t half_lanes = ceil_div(n, 2);
     if (policy_shape && lay.shape.vectors_per_thread == 4 &&
-        ((alone_few && half_lanes <= block_target) || (fp8_wide && half_lanes <= 1024))) {
+        ((alone_few && half_lanes <= block_target) ||
+         ((fp8_wide || alone_mid) && half_lanes <= 1024))) {
       const Layout l =
           layout_of(depth, choose_kernel_shape(qw, kw, r.vec_elems, block_target, r.world, 2,
                                                r.vec_bytes, staged_limit, launch_tokens));

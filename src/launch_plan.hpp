@@ -235,6 +235,17 @@ constexpr int kSpreadMaxGroupThreads = 256;
 constexpr int64_t kFp8HalfVectorsMaxTokens = 128;
 constexpr int64_t kFp8HalfVectorsMinVectors = 96;
 
+/// Alone, rows of 16-bit elements whose 4-vector group has kAloneHalfVectorsMinGroup to
+/// kAloneHalfVectorsMaxGroup threads (rows of 1377-1664 16-byte vectors) take 2 vectors a thread
+/// in launches of at least kAloneHalfVectorsFromTokens tokens: one group of up to 832 threads a
+/// block. On one H100 at 4096 tokens, f16 and bf16 rows of 1408-1664 vectors reach 96.4-100% of
+/// copy bandwidth instead of 89.5-94.9% (f16 7376:4768 on one H200: 85.0 -> 90.6%); rows of 1280
+/// vectors (320 threads, OLMo2-13B) and of 759 lose 2.9-5.6 points, and fp8, f32 and rows of
+/// 512 vectors gain nothing (docs/performance.md, "2 vectors a thread alone: which rows gain").
+constexpr int kAloneHalfVectorsMinGroup = 352;
+constexpr int kAloneHalfVectorsMaxGroup = 416;
+constexpr int64_t kAloneHalfVectorsFromTokens = 4096;
+
 /// Threads a block aims at: groups are added while the block stays within this many threads.
 /// 256 with peers; alone, 384 (on one H200 at 4096 tokens, 3 OLMoE or 2 OLMo3-32B groups per
 /// block are faster than 2 and 1; the other shapes keep one group either way; CHANGELOG.md,

@@ -422,6 +422,52 @@ TEST(MakeLaunchPlan, FewTokensAloneTakeTwoVectorsAThreadWhereTheGroupStillFitsTh
   EXPECT_EQ(shape(kModels[0], 16, t).vectors_per_thread, 4);
 }
 
+TEST(MakeLaunchPlan, AloneMidRowsOfManyTokensTakeTwoVectorsAThread) {
+  auto shape = [](const ModelShape& m, int64_t tokens, int vec_elems = 8,
+                  const LaunchTuning& t = {}) {
+    LaunchRequest r = bf16_request(m, 1, tokens, t);
+    r.vec_elems = vec_elems;
+    r.out_elem_bytes = vec_elems == 4 ? 4 : 2;
+    return plan_of(r).shape;
+  };
+  // 16-bit rows of 1408, 1518 and 1664 vectors (352, 384 and 416 threads at 4 a thread): from
+  // kAloneHalfVectorsFromTokens tokens one group of 704, 768 and 832 threads at 2 a thread.
+  const ModelShape mid[] = {
+      {"5632:5632", 5632, 5632}, {"7376:4768", 7376, 4768}, {"7168:6144", 7168, 6144}};
+  const int doubled[] = {704, 768, 832};
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(mid[i].name);
+    for (int64_t tokens : {kAloneHalfVectorsFromTokens, int64_t{4781}, int64_t{16384}}) {
+      const KernelShape s = shape(mid[i], tokens);
+      EXPECT_EQ(s.vectors_per_thread, 2);
+      EXPECT_EQ(s.group_threads, doubled[i]);
+      EXPECT_EQ(s.tokens_per_block, 1);
+    }
+    const KernelShape fewer = shape(mid[i], kAloneHalfVectorsFromTokens - 1);
+    EXPECT_EQ(fewer.vectors_per_thread, 4);
+    EXPECT_EQ(fewer.group_threads, doubled[i] / 2);
+  }
+  // Groups of 320 threads (OLMo2-13B, 6144:4096) and the other models keep 4; so do rows of
+  // the same widths in f32 (4 elements a vector), fp8 (8 elements in 8 bytes), with peers, or
+  // with a forced vector count or block size.
+  for (const ModelShape& m : kModels) {
+    EXPECT_EQ(shape(m, 4096).vectors_per_thread, 4) << m.name;
+  }
+  EXPECT_EQ(shape(ModelShape{"6144:4096", 6144, 4096}, 4096).group_threads, 320);
+  const ModelShape w = mid[1];
+  EXPECT_NE(shape(w, 4096, 4).vectors_per_thread, 2);
+  LaunchRequest fp8 = bf16_request(w, 1, 4096);
+  fp8.vec_bytes = 8;
+  EXPECT_NE(plan_of(fp8).shape.vectors_per_thread, 2);
+  EXPECT_EQ(plan_of(bf16_request(w, 2, 4096)).shape.vectors_per_thread, 4);
+  LaunchTuning t;
+  t.vectors_per_thread = 4;
+  EXPECT_EQ(shape(w, 4096, 8, t).group_threads, 384);
+  t = {};
+  t.block_threads = 384;
+  EXPECT_EQ(shape(w, 4096, 8, t).vectors_per_thread, 4);
+}
+
 TEST(MakeLaunchPlan, Fp8WithPeersTakesTwoVectorsAThreadJustPastTheSpread) {
   // fp8 in 16-byte vectors (16 elements), bf16 out, past kFp8FewTokensMax (8-byte vectors below).
   auto fp8 = [](const ModelShape& m, int world, int64_t tokens, const LaunchTuning& t = {}) {

@@ -62,6 +62,33 @@ TEST(Epilogue, StylesRotaryDimsDtypesAndLayouts) {
   }
 }
 
+// Head dims of 80 and 96: 5 or 6 rotated pairs a head (3 with partial rotary) and 10 or 12
+// GPT-J vectors, which divide no block size, so a thread's items fall in different heads and at
+// different offsets from token to token; 40 of 80 rotates a NeoX half of 20, which takes the
+// element path.
+TEST(Epilogue, HeadItemsThatDoNotDivideTheBlock) {
+  REQUIRE_GPU();
+  uint64_t seed = 700;
+  for (int64_t hd : {80, 96}) {
+    for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
+      for (int64_t rot : {hd, hd / 2}) {
+        for (int world : {1, 2}) {
+          EpilogueSetup s;
+          s.q_heads = 12;
+          s.kv_heads = 4;
+          s.head_dim = hd;
+          s.rotary_dim = rot;
+          s.style = style;
+          s.tokens = 70;
+          s.k_out = world == 2;
+          s.seed = ++seed;
+          run_once(s, world);
+        }
+      }
+    }
+  }
+}
+
 TEST(Epilogue, Fp8CacheAndFp8Q) {
   REQUIRE_GPU();
   uint64_t seed = 900;

@@ -168,6 +168,10 @@ std::vector<Case> odd_cases() {
   v.push_back({8, 4100, 3280, 1040, DType::kBF16, NormOrder::kOlmo2});    // 4-byte vectors
   v.push_back({4, 4100, 3296, 5312, DType::kF8E4M3, NormOrder::kLlama});  // 8-byte vectors
   v.push_back({8, 4096, 3296, 5312, DType::kF8E4M3, NormOrder::kOlmo2});  // 4-byte vectors
+  // 16-bit rows of 1281-1664 vectors alone in launches of 4096 tokens or more: 2 vectors a
+  // thread (kAloneHalfVectorsMinGroup..MaxGroup); in place too.
+  v.push_back({1, 4100, 7376, 4768, DType::kF16, NormOrder::kOlmo2});
+  v.push_back({1, 4096, 5632, 5632, DType::kBF16, NormOrder::kLlama, Layout::kFusedInPlace});
   // Rows of 32-64 KB alone: staged in one group of up to 1024 threads a block
   // (staged_row_bytes_limit), in place too; with peers each rank's half row is staged as usual.
   v.push_back({1, 300, 16192, 15296, DType::kBF16, NormOrder::kOlmo2});

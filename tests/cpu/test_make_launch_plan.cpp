@@ -457,8 +457,9 @@ TEST(MakeLaunchPlan, AloneMidRowsOfManyTokensTakeTwoVectorsAThread) {
   // The ends of the range: the 4-vector group is ceil(vectors / 4) rounded up to a warp, so rows
   // of 1281 vectors (321 threads, 352 with the warp) take 2 a thread and rows of 1665 (417, 448)
   // keep 4.
-  EXPECT_EQ(shape(ModelShape{"5128:5120", 5128, 5120}, 4096).vectors_per_thread, 2);
-  EXPECT_EQ(shape(ModelShape{"5128:5120", 5128, 5120}, 4096).group_threads, 672);
+  const KernelShape first = shape(ModelShape{"5128:5120", 5128, 5120}, 4096);
+  EXPECT_EQ(first.vectors_per_thread, 2);
+  EXPECT_EQ(first.group_threads, 672);
   const KernelShape past = shape(ModelShape{"7176:6144", 7176, 6144}, 4096);
   EXPECT_EQ(past.vectors_per_thread, 4);
   EXPECT_EQ(past.group_threads, 448);

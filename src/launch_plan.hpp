@@ -239,7 +239,7 @@ constexpr int64_t kFp8HalfVectorsMinVectors = 96;
 /// kAloneHalfVectorsMaxGroup threads (rows of 1281-1664 16-byte vectors: the group is a quarter
 /// of the vectors rounded up to a warp) take 2 vectors a thread in launches of at least
 /// kAloneHalfVectorsFromTokens tokens: one group of up to 832 threads a block. On one H100 at
-/// 4096 tokens, f16 and bf16 rows of 1376-1664 vectors reach 95.2-100% of copy bandwidth instead
+/// 4096 tokens, f16 and bf16 rows of 1290-1664 vectors reach 94.3-100% of copy bandwidth instead
 /// of 89.1-94.9% (f16 7376:4768 on one H200: 85.0 -> 90.6%); rows of 1280 vectors (320 threads,
 /// OLMo2-13B) and of 759 lose 2.9-5.6 points, rows of 1696-1920 are level or lose, and fp8, f32
 /// and rows of 512 vectors gain nothing (docs/performance.md, "2 vectors a thread alone").

@@ -267,11 +267,12 @@ TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
 
 // A bad position or slot on the device: the token's writes are skipped (its Q row is NaN), every
 // other token is right, no other cache byte changes, and the host raises naming the token and
-// the value, at check_error() and at the next launch, until reset().
-void bad_value_case(bool position, int world) {
-  EpilogueSetup s = setup_of(kModels[1], 50, position ? 2001 : 2002);
+// the value, at check_error() and at the next launch, until reset(). With 50 tokens each block
+// has one, the first it stages; with 3000 at TP 1 (264 blocks of OLMo2-13B on an H100 or H200)
+// token 2990 is its block's twelfth, whose position warp 0 loads one staging ahead in the loop.
+void bad_value_case(bool position, int world, int64_t tokens = 50, int64_t bad_token = 17) {
+  EpilogueSetup s = setup_of(kModels[1], tokens, position ? 2001 : 2002);
   EpilogueHost h = EpilogueHost::random(s);
-  const int64_t bad_token = 17;
   int64_t bad_value;
   if (position) {
     bad_value = s.max_position;
@@ -334,6 +335,13 @@ TEST(Epilogue, BadSlotIsRaisedAndWritesNothingOfThatToken) {
   REQUIRE_GPU();
   bad_value_case(false, 1);
   bad_value_case(false, 4);
+}
+
+TEST(Epilogue, BadValuesLateInABlocksSequenceAreRaised) {
+  REQUIRE_GPU();
+  bad_value_case(true, 1, 3000, 2990);
+  bad_value_case(false, 1, 3000, 2990);
+  bad_value_case(false, 2, 3000, 2990);
 }
 
 // A host-checkable mistake throws before anything is written.

@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 
 #include "cuda_check.hpp"
+#include "kernels/e4m3_quotient.hpp"
 #include "swiftqk/error.hpp"
 #include "unfused_epilogue.hpp"
 
@@ -88,15 +89,19 @@ struct CacheArgs {
   CacheShape s;
 };
 
+// The fp8 store takes the fused kernel's quotient (the correctly rounded value / scale's e4m3
+// bits from the reciprocal, e4m3_quotient.hpp; inv 0: divide), so the two quantise alike.
 template <typename T, typename C>
-__device__ __forceinline__ void store8(C* dst, const Vec8<T>& x, float scale) {
+__device__ __forceinline__ void store8(C* dst, const Vec8<T>& x, float scale, float inv) {
   if constexpr (std::is_same_v<C, __nv_fp8_e4m3>) {
     struct alignas(8) {
       __nv_fp8_e4m3 v[8];
     } o;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      o.v[e].__x = __nv_cvt_float_to_fp8(__fdiv_rn(f(x.v[e]), scale), __NV_SATFINITE, __NV_E4M3);
+      const float q =
+          inv != 0.f ? detail::e4m3_quotient(f(x.v[e]), scale, inv) : __fdiv_rn(f(x.v[e]), scale);
+      o.v[e].__x = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
     }
     *reinterpret_cast<decltype(o)*>(dst) = o;
   } else {
@@ -112,6 +117,7 @@ __global__ void cache_write_kernel(const __grid_constant__ CacheArgs a) {
   const int64_t items = s.tokens * s.kv_heads * chunks;
   const bool fp8 = std::is_same_v<C, __nv_fp8_e4m3>;
   const float ks = fp8 ? *r.k_scale : 1.f, vs = fp8 ? *r.v_scale : 1.f;
+  const float k_inv = detail::e4m3_reciprocal(ks), v_inv = detail::e4m3_reciprocal(vs);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / (s.kv_heads * chunks);
@@ -124,10 +130,12 @@ __global__ void cache_write_kernel(const __grid_constant__ CacheArgs a) {
     const int64_t in = h * s.head_dim + 8 * c;
     store8<T, C>(
         static_cast<C*>(r.k_cache) + off,
-        *reinterpret_cast<const Vec8<T>*>(static_cast<const T*>(r.k) + t * r.k_stride + in), ks);
+        *reinterpret_cast<const Vec8<T>*>(static_cast<const T*>(r.k) + t * r.k_stride + in), ks,
+        k_inv);
     store8<T, C>(
         static_cast<C*>(r.v_cache) + off,
-        *reinterpret_cast<const Vec8<T>*>(static_cast<const T*>(r.v) + t * r.v_stride + in), vs);
+        *reinterpret_cast<const Vec8<T>*>(static_cast<const T*>(r.v) + t * r.v_stride + in), vs,
+        v_inv);
   }
 }
 

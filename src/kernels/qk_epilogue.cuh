@@ -30,7 +30,13 @@ __device__ __forceinline__ void poison_token(const EpilogueArgs& a, const Epilog
   const float nan = __int_as_float(0x7fffffff);
   QOut* q = static_cast<QOut*>(er.x.q_out) + static_cast<int64_t>(t) * er.x.q_out_stride;
   const int qw = a.q_heads * a.head_dim, kw = a.kv_heads * a.head_dim;
-  for (int i = threadIdx.x; i < qw; i += blockDim.x) q[i] = store_as<QOut>(nan, 1.f);
+  QOut q_nan;
+  if constexpr (std::is_same_v<QOut, __nv_fp8_e4m3>) {
+    q_nan = to_e4m3(nan);
+  } else {
+    q_nan = from_float<QOut>(nan);
+  }
+  for (int i = threadIdx.x; i < qw; i += blockDim.x) q[i] = q_nan;
   if (er.x.k_out != nullptr) {
     T* k = static_cast<T*>(er.x.k_out) + static_cast<int64_t>(t) * er.x.k_out_stride;
     for (int i = threadIdx.x; i < kw; i += blockDim.x) k[i] = from_float<T>(nan);
@@ -57,6 +63,9 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
   __shared__ uint32_t s_call;
   __shared__ int s_entry;
   __shared__ FailNote s_note;
+  // Q's, K's and V's fp8 scales with their reciprocals, read a vector at a time: kept in
+  // registers, they pushed kernels at the register cap into spills.
+  __shared__ E4m3Scale s_e4m3[3];
 
   const int slot_rank = blockIdx.x / a.blocks_per_rank;
   const int lblock = blockIdx.x - slot_rank * a.blocks_per_rank;
@@ -209,10 +218,16 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
   const int token_words = slot_token_words<SlotLayout::kTokenMajor>(a);
 
   // The fp8 scales are read once, after griddepcontrol.wait (a graph may update them between
-  // replays).
-  const float q_scale = std::is_same_v<QOut, __nv_fp8_e4m3> ? *er.q_scale : 1.f;
-  const float k_scale = std::is_same_v<CacheT, __nv_fp8_e4m3> ? *er.k_scale : 1.f;
-  const float v_scale = std::is_same_v<CacheT, __nv_fp8_e4m3> ? *er.v_scale : 1.f;
+  // replays); the token loop's first barrier publishes them.
+  if (tid < 3) {
+    const bool q8 = std::is_same_v<QOut, __nv_fp8_e4m3>, c8 = std::is_same_v<CacheT, __nv_fp8_e4m3>;
+    const float* src = tid == 0 ? (q8 ? er.q_scale : nullptr)
+                                : (c8 ? (tid == 1 ? er.k_scale : er.v_scale) : nullptr);
+    s_e4m3[tid] = e4m3_scale(src != nullptr ? *src : 1.f);
+  }
+  const E4m3Scale& q_scale = s_e4m3[0];
+  const E4m3Scale& k_scale = s_e4m3[1];
+  const E4m3Scale& v_scale = s_e4m3[2];
 
   int poison_from = entry == kEntryRun ? ntok : first;
   const int last = entry == kEntryRun ? iterations + defer : 0;
@@ -419,7 +434,7 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
             store_floats<QOut, VEC>(qo + h * hd + d, y, q_scale);
           } else {
             if (write_cache) store_floats<CacheT, VEC>(kc + h * a.head_stride + d, y, k_scale);
-            if (ko != nullptr) store_floats<T, VEC>(ko + h * hd + d, y, 1.f);
+            if (ko != nullptr) store_floats<T, VEC>(ko + h * hd + d, y, E4m3Scale{1.f, 1.f});
           }
         };
         if constexpr (kPair) {

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "kernels/device_types.cuh"
+#include "kernels/e4m3_quotient.hpp"
 #include "kernels/norm_vectors.cuh"
 
 namespace swiftqk::detail {
@@ -16,30 +17,56 @@ __device__ __forceinline__ int div_by(int n, uint32_t magic) {
   return magic == 0u ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), magic));
 }
 
-/// fp8 e4m3 of value / scale (a correctly rounded division, as vLLM's scaled conversion),
-/// saturated to +-448; NaN stays NaN.
-__device__ __forceinline__ __nv_fp8_e4m3 to_e4m3(float v, float scale) {
+/// An fp8 store's scale and its reciprocal (e4m3_reciprocal: 0 where the store divides).
+struct E4m3Scale {
+  float scale;
+  float inv;
+};
+
+__device__ __forceinline__ E4m3Scale e4m3_scale(float scale) {
+  return E4m3Scale{scale, e4m3_reciprocal(scale)};
+}
+
+/// fp8 e4m3 of a quotient, saturated to +-448; NaN stays NaN.
+__device__ __forceinline__ __nv_fp8_e4m3 to_e4m3(float quotient) {
   __nv_fp8_e4m3 r;
-  r.__x = __nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3);
+  r.__x = __nv_cvt_float_to_fp8(quotient, __NV_SATFINITE, __NV_E4M3);
   return r;
 }
 
-/// v as an element of D: rounded to the model dtype, or quantised with `scale` to fp8.
-template <typename D>
-__device__ __forceinline__ D store_as(float v, float scale) {
-  if constexpr (std::is_same_v<D, __nv_fp8_e4m3>) {
-    return to_e4m3(v, scale);
-  } else {
-    return from_float<D>(v);
-  }
-}
-
-/// Stores VEC floats as VEC elements of D (one access: 16 bytes of a 2-byte type, 8 of fp8).
+/// Stores VEC floats as VEC elements of D (one access: 16 bytes of a 2-byte type, 8 of fp8):
+/// rounded to the model dtype, or quantised to fp8 with the bits of the correctly rounded
+/// value / scale (as vLLM's scaled conversion), the branch taken once a vector.
 template <typename D, int VEC>
-__device__ __forceinline__ void store_floats(D* dst, const float (&y)[VEC], float scale) {
+__device__ __forceinline__ void store_floats(D* dst, const float (&y)[VEC], E4m3Scale s) {
   Vec<D, VEC> o;
+  if constexpr (std::is_same_v<D, __nv_fp8_e4m3>) {
+    float q[VEC];
+    if (s.inv != 0.f) {
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) o.v[e] = store_as<D>(y[e], scale);
+      for (int e = 0; e < VEC; ++e) q[e] = e4m3_quotient(y[e], s.scale, s.inv);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) q[e] = __fdiv_rn(y[e], s.scale);
+    }
+    if constexpr (VEC % 2 == 0) {
+      // Two elements a conversion (the same rounding and saturation as one at a time; the first
+      // element is the low byte).
+#pragma unroll
+      for (int e = 0; e < VEC; e += 2) {
+        const __nv_fp8x2_storage_t p =
+            __nv_cvt_float2_to_fp8x2(make_float2(q[e], q[e + 1]), __NV_SATFINITE, __NV_E4M3);
+        o.v[e].__x = static_cast<__nv_fp8_storage_t>(p & 0xffu);
+        o.v[e + 1].__x = static_cast<__nv_fp8_storage_t>(p >> 8);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) o.v[e] = to_e4m3(q[e]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) o.v[e] = from_float<D>(y[e]);
+  }
   store_vec(reinterpret_cast<Vec<D, VEC>*>(dst), o);
 }
 

@@ -202,6 +202,7 @@ json run_point(const Options& o, const EpilogueOptions& eo, const Point& pt, con
   j["block_threads"] = eo.tuning.block_threads;
   j["stages"] = eo.tuning.stages;
   j["defer"] = eo.tuning.defer;
+  j["split"] = eo.tuning.split;
   j["fused_only"] = eo.fused_only;
   j["mode"] = o.mode;
   j["commit"] = o.commit;
@@ -221,6 +222,8 @@ int main(int argc, char** argv) {
   app.add_option("--stages", eo.tuning.stages, "tokens staged per block (0 = tuned)");
   app.add_option("--defer", eo.tuning.defer,
                  "tokens a block writes behind the one it reduces (-1 = tuned)");
+  app.add_option("--split", eo.tuning.split,
+                 "blocks sharing a token, TP 1 only: 1, 2, 4 or 8 (0 = tuned)");
   app.add_flag("--fused-only", eo.fused_only,
                "verify and time the fused launch and the copy only (no unfused chain or norm)");
   app.add_option("--models", models, "model shapes (bench/models.json)")->capture_default_str();

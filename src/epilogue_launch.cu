@@ -229,7 +229,18 @@ void launch_impl(const std::vector<Communicator*>& comms,
   for (int64_t i = 0; i < chunks; ++i) {
     const int64_t first = i * per_launch;
     const int64_t tokens = std::min(per_launch, p0.tokens - first);
-    const GridPlan grid = plan_grid(tokens, ranks, 1, per_sm, sms, budget);
+    // Alone, a few tokens' launch shares each token between `split` blocks (a multiple of which
+    // every rank gets); blocks_per_rank / split tokens are then in flight per rank.
+    int split = epilogue_token_split(p0, world, tokens, ranks, (a.q_heads + a.kv_heads) * iph,
+                                     budget == 0 ? sms : std::min(budget, sms));
+    GridPlan grid = plan_grid(tokens * split, ranks, 1, per_sm, sms, budget);
+    while (split > 1 && grid.blocks_per_rank < split) {
+      split /= 2;
+      grid = plan_grid(tokens * split, ranks, 1, per_sm, sms, budget);
+    }
+    grid.blocks_per_rank -= grid.blocks_per_rank % split;
+    a.split_log2 = 0;
+    while ((1 << a.split_log2) < split) ++a.split_log2;
     a.tokens = tokens;
     a.first_token = first;
     a.blocks_per_rank = grid.blocks_per_rank;

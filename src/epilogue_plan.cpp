@@ -67,6 +67,10 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
                   "QkEpilogueParams.tuning.defer = " + std::to_string(t.defer) +
                       ": a launch that exchanges nothing (TP 1, or a headwise norm) defers "
                       "nothing; give 0 or -1 (tuned)");
+  SWIFTQK_EXPECTS(!exchanges || t.split <= 1,
+                  "QkEpilogueParams.tuning.split = " + std::to_string(t.split) +
+                      ": a launch that exchanges partial sums splits no token; give 0 (tuned) "
+                      "or 1");
   const int policy_defer = exchanges ? std::min(log2_world, kEpilogueMaxDefer) : 0;
   const int ahead = stage_bytes <= kEpilogueDeepStageBytes ? 2 : 1;
   if (t.stages != 0) {
@@ -78,6 +82,18 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
   }
   s.cs_copy_bytes = epilogue_cos_sin_copy_bytes(p);
   return s;
+}
+
+int epilogue_token_split(const QkEpilogueParams& p, int world, int64_t tokens, int ranks,
+                         int64_t items, int sms) {
+  if (epilogue_exchanges(p, world)) return 1;
+  if (p.tuning.split != 0) return p.tuning.split;
+  int split = 1;
+  while (split < kEpilogueMaxSplit && tokens * ranks * split * 2 <= sms &&
+         items >= kEpilogueMinSplitItems * split * 2) {
+    split *= 2;
+  }
+  return split;
 }
 
 int epilogue_cos_sin_copy_bytes(const QkEpilogueParams& p) {

@@ -26,6 +26,12 @@ constexpr std::size_t kEpilogueDeepStageBytes = 16 * 1024;
 /// With peers, a token's collect lags its publish by ceil(log2(TP)) tokens, at most this many
 /// (the plain kernel's deferral): a peer a few tokens behind then costs no wait.
 constexpr int kEpilogueMaxDefer = 2;
+/// Alone (TP 1, or headwise), a launch of few tokens leaves SMs idle while each busy one issues a
+/// whole token's rotation: up to this many blocks then share a token, each writing a part of its
+/// heads and V (every one sums the whole row's squares), while there are SMs for every block and
+/// each part keeps at least kEpilogueMinSplitItems work items.
+constexpr int kEpilogueMaxSplit = 8;
+constexpr int64_t kEpilogueMinSplitItems = 32;
 /// The largest deferral a ring holds: a deferred token and the one loading ahead need a stage each
 /// beside the one reduced.
 constexpr int kEpilogueDeferCap = kEpilogueStageCap - 2;
@@ -46,9 +52,18 @@ struct EpilogueShape {
 /// @brief The shape for p on a group of `world` ranks, with access width vec and a ring stage of
 /// stage_bytes: the policy, with p.tuning's overrides (a forced ring shortens the policy's
 /// deferral to fit, leaving at least one row loading ahead). Throws swiftqk::Error for a forced
-/// deferral on a launch that exchanges nothing (TP 1, or headwise), which defers nothing.
+/// deferral on a launch that exchanges nothing (TP 1, or headwise), which defers nothing, and for
+/// a forced split above 1 on one that exchanges.
 EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
                              std::size_t stage_bytes);
+
+/// @brief Blocks that share each token of a launch that exchanges nothing: p.tuning.split when
+/// forced, else the largest power of two up to kEpilogueMaxSplit with tokens x ranks x split at
+/// most `sms` (the SMs the launch may use) and items / split at least
+/// kEpilogueMinSplitItems (items: the rotation's work items of a token, heads x items a head).
+/// 1 for a launch that exchanges (epilogue_shape refuses a forced split above 1 there).
+int epilogue_token_split(const QkEpilogueParams& p, int world, int64_t tokens, int ranks,
+                         int64_t items, int sms);
 
 /// @brief The unit a cos/sin row is staged in: 16 or 4 bytes (cp.async) when the table's pointer
 /// and row allow it, else 2 (plain copies). Each rank has its own table: a launch takes the least.

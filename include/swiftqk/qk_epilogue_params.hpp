@@ -60,9 +60,9 @@ struct PagedKvCache {
 
 /// @brief Overrides of the epilogue's tuned launch shape (epilogue_shape in src/epilogue_plan.hpp),
 /// for tuning runs and for engines that have measured their own shapes. The defaults leave every
-/// choice to the policy. It changes how the work is spread, not what is computed: the ring's depth
-/// and the deferral leave every output bit as it is; another block size sums a row's squares in
-/// another order, within the same tolerance.
+/// choice to the policy. It changes how the work is spread, not what is computed: the ring's depth,
+/// the deferral and the split leave every output bit as it is; another block size sums a row's
+/// squares in another order, within the same tolerance.
 struct EpilogueTuning {
   /// Threads a block: a multiple of 32 in [32, 512]; 0 = tuned (the row's vectors, 4 a thread).
   int block_threads = 0;
@@ -72,12 +72,17 @@ struct EpilogueTuning {
   /// at most stages - 2; -1 = tuned. A launch that exchanges nothing defers nothing: it takes
   /// 0 or -1 only.
   int defer = -1;
+  /// Blocks that share one token, each writing its own part of the token's heads and V (every
+  /// one sums the whole row's squares, in the same order): 1, 2, 4 or 8; 0 = tuned (more than one
+  /// only while the launch leaves SMs idle). A launch that exchanges takes 0 or 1 only.
+  int split = 0;
 
   /// @brief Throws swiftqk::Error naming the first field no launch can take, and its value.
   void validate() const;
 
   bool operator==(const EpilogueTuning& o) const {
-    return block_threads == o.block_threads && stages == o.stages && defer == o.defer;
+    return block_threads == o.block_threads && stages == o.stages && defer == o.defer &&
+           split == o.split;
   }
   bool operator!=(const EpilogueTuning& o) const { return !(*this == o); }
 };

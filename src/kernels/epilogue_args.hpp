@@ -42,6 +42,7 @@ struct EpilogueArgs {
   uint32_t pair_magic;    // epilogue_div_magic(rotated pair items per head, at least 1)
   uint32_t single_magic;  // epilogue_div_magic(single-vector items per head, at least 1)
   int single_shift;       // (heads x pair items) mod block threads: where the singles' loop starts
+  int split_log2;         // alone: log2 of the blocks sharing a token (epilogue_token_split)
   int det_segments;       // deterministic mode: this rank's segments of Q and of K each, 16 / world
   int det_q_vecs, det_k_vecs;  // 16-byte vectors a segment
   int64_t tokens;              // rows in this launch (one chunk)

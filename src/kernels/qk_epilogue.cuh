@@ -94,8 +94,18 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
     if (lblock == 0) claim_seen = atomicOr(claim_word(ra.state), claim_of(0u, grid_owner_id()));
     fault_seen = load_volatile64(fault_word(ra.local_ws, a.world, a.capacity));
   }
-  const int step = a.blocks_per_rank;
-  const int first = lblock;
+  // Alone, 2^split_log2 blocks share each token (epilogue_token_split): block part `part` writes
+  // its share of the token's V vectors and rotation items, and each one sums the whole row's
+  // squares in the same order, so the outputs keep their bits. With peers a block is a token's.
+  const int split_log2 = kAlone ? a.split_log2 : 0;
+  const int part = lblock & ((1 << split_log2) - 1);
+  const int step = a.blocks_per_rank >> split_log2;
+  const int first = lblock >> split_log2;
+  // This part's V vectors, [qk_units + v_lo, v_end) of the staged row (with peers all of them):
+  // every part stages the whole Q and K rows and only its own V.
+  const int v_units = kw / VEC;
+  const int v_lo = kAlone ? (part * v_units) >> split_log2 : 0;
+  const int v_end = kAlone ? qk_units + (((part + 1) * v_units) >> split_log2) : units;
   const int iterations = first < ntok ? (ntok - first + step - 1) / step : 0;
   uint8_t* const peer_ws = !kAlone && lane < a.world && warp == 0 ? ra.peers[lane] : nullptr;
   int world_pow2 = 1;
@@ -150,8 +160,8 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
       const T* vr = static_cast<const T*>(er.v_in) + static_cast<int64_t>(tn) * er.v_stride;
       T* row = stage_row(s);
       const uint32_t row_s = ring_s + static_cast<uint32_t>(s * L.bytes());
-      for (int u = tid; u < units; u += G) {
-        const int e = u * VEC;
+      for (int u = tid; u < v_end - v_lo; u += G) {
+        const int e = (kAlone && u >= qk_units ? u + v_lo : u) * VEC;  // all Q and K, part's V
         const T* src = e < qw ? qr + e : (e < qw + kw ? kr + (e - qw) : vr + (e - qw - kw));
         if constexpr (VEC > 1) {
           cp_async_bytes(row_s + static_cast<uint32_t>(e * sizeof(T)), src, 16);
@@ -350,7 +360,7 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
         // Not unrolled: unrolled, the loop kept several vectors in flight and pushed kernels at
         // the register cap into spills.
 #pragma unroll 1
-        for (int u = qk_units + tid; u < units; u += G) {
+        for (int u = qk_units + v_lo + tid; u < v_end; u += G) {
           const int e = u * VEC - qw - kw;
           const int h = div_by(e, a.hd_magic), d = e - h * hd;
           if constexpr (std::is_same_v<CacheT, T>) {
@@ -403,11 +413,13 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
     // the thread that loads both; then the vectors after the rotary part, and on the vector path
     // every GPT-J vector (its pairs inside it).
     if (bad_pos || bad_slot) {
-      if (tid == 0) {
-        record_local_failure(ra, bad_pos ? kFailBadPosition : kFailBadSlot, a.first_token + tw,
-                             bad_pos ? pos : slot, bad_pos ? a.max_position : a.cache_slots);
+      if (part == 0) {  // the token's other parts write nothing of it
+        if (tid == 0) {
+          record_local_failure(ra, bad_pos ? kFailBadPosition : kFailBadSlot, a.first_token + tw,
+                               bad_pos ? pos : slot, bad_pos ? a.max_position : a.cache_slots);
+        }
+        poison_token<T, QOut>(a, er, tw);
       }
-      poison_token<T, QOut>(a, er, tw);
     } else {
       const uint8_t* cs = reinterpret_cast<const uint8_t*>(wrow) + L.row_bytes;
       CacheT* kc = static_cast<CacheT*>(er.k_cache) + (write_cache ? stage_meta(wstage)[2] : 0);
@@ -481,14 +493,30 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
       // The pairs of every head, then the single vectors of every head: a warp's lanes take
       // items of one kind, so they do not split between the rotated and the unrotated path
       // (with partial rotary, one loop over each head's pairs and singles did). The second
-      // loop goes on from the thread after the first loop's last item.
-      for (int item = tid; item < heads * pair_items; item += G) {
+      // loop goes on from the thread after the first loop's last item. A split token's part
+      // takes the items [item_bound(part), item_bound(part + 1)) of that order; each loop works
+      // out its range where it starts (the singles' range, held across the pairs' loop, spilled).
+      const int pair_total = heads * pair_items;
+      auto item_bound = [&](int k) {  // the first item of part k
+        return (k * (pair_total + heads * single_items)) >> split_log2;
+      };
+      const bool split = kAlone && split_log2 != 0;
+      const int p_hi = split ? min(item_bound(part + 1), pair_total) : pair_total;
+      for (int item = (split ? min(item_bound(part), pair_total) : 0) + tid; item < p_hi;
+           item += G) {
         const int hh = div_by(item, a.pair_magic);
         process(hh, item - hh * pair_items, std::true_type{});
       }
-      int item2 = tid - a.single_shift;
+      int s_lo = 0, s_hi = heads * single_items, shift = a.single_shift;
+      if (split) {
+        const int lo = item_bound(part), hi = item_bound(part + 1);
+        s_lo = max(lo, pair_total) - pair_total;
+        s_hi = max(hi, pair_total) - pair_total;
+        shift = (min(hi, pair_total) - min(lo, pair_total)) % G;
+      }
+      int item2 = tid - shift;
       if (item2 < 0) item2 += G;
-      for (; item2 < heads * single_items; item2 += G) {
+      for (item2 += s_lo; item2 < s_hi; item2 += G) {
         const int hh = div_by(item2, a.single_magic);
         process(hh, item2 - hh * single_items, std::false_type{});
       }

@@ -163,6 +163,27 @@ std::vector<uint8_t> output_bytes(const EpilogueRank& d) {
   return out;
 }
 
+// One launch of every rank with tuning t, checked against float64; each rank's output bytes.
+std::vector<std::vector<uint8_t>> checked_outputs(const EpilogueHost& h,
+                                                  const ref::EpilogueExpected& gold, int world,
+                                                  const EpilogueTuning& t) {
+  EpilogueGroup g(world);
+  EpilogueRanks r = make_ranks(h, world, h.s.seed * 31);
+  std::vector<QkEpilogueParams> p = r.params();
+  for (QkEpilogueParams& e : p) e.tuning = t;
+  launch_qk_epilogue_group(g.ptrs, p, nullptr);
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  for (auto& c : g.comms) c.check_error();
+  for (int i = 0; i < world; ++i) {
+    const EpilogueCheck c = check_epilogue_rank(h, gold, world, i, r.d[i], r.before[i], {});
+    EXPECT_TRUE(c.ok()) << "rank " << i << ": " << c.first_error;
+    EXPECT_GT(c.checked, 0);
+  }
+  std::vector<std::vector<uint8_t>> bytes;
+  for (const EpilogueRank& d : r.d) bytes.push_back(output_bytes(d));
+  return bytes;
+}
+
 // Every launch shape EpilogueTuning allows is correct against float64; the ring's depth and the
 // deferral leave every output bit as the tuned launch writes it, since they change when a row is
 // processed, not how. A deferral at TP 1 is refused by name, with nothing written.
@@ -176,23 +197,7 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
       const EpilogueSetup s = setup_of(m, 300, ++seed);
       const EpilogueHost h = EpilogueHost::random(s);
       const ref::EpilogueExpected gold = ref::epilogue_fp64(h.ref);
-      auto run = [&](const EpilogueTuning& t) {
-        EpilogueGroup g(world);
-        EpilogueRanks r = make_ranks(h, world, s.seed * 31);
-        std::vector<QkEpilogueParams> p = r.params();
-        for (QkEpilogueParams& e : p) e.tuning = t;
-        launch_qk_epilogue_group(g.ptrs, p, nullptr);
-        SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
-        for (auto& c : g.comms) c.check_error();
-        for (int i = 0; i < world; ++i) {
-          const EpilogueCheck c = check_epilogue_rank(h, gold, world, i, r.d[i], r.before[i], {});
-          EXPECT_TRUE(c.ok()) << "rank " << i << ": " << c.first_error;
-          EXPECT_GT(c.checked, 0);
-        }
-        std::vector<std::vector<uint8_t>> bytes;
-        for (const EpilogueRank& d : r.d) bytes.push_back(output_bytes(d));
-        return bytes;
-      };
+      auto run = [&](const EpilogueTuning& t) { return checked_outputs(h, gold, world, t); };
       const auto tuned = run({});
       for (int threads : {0, 32, 512}) {
         for (int stages : {0, 2, 4, 6}) {
@@ -236,6 +241,56 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
   EXPECT_GT(refused, 0);
 }
 
+// Alone, the blocks that share a token (EpilogueTuning::split; the policy splits launches of a
+// few tokens) write the bits of the unsplit launch: each sums the whole row's squares in the
+// same order and writes its own items and V vectors. Every DESIGN shape at TP 1, and a headwise
+// launch at TP 2 (alone at any TP), the element path, GPT-J with partial rotary, fp8 Q and
+// cache, and an HND cache with k_out; token counts that leave parts of one token to blocks
+// with and without a second token.
+TEST(Epilogue, SplitTokensKeepTheBits) {
+  REQUIRE_GPU();
+  std::vector<std::pair<EpilogueSetup, int>> cases;
+  uint64_t seed = 3300;
+  for (const EpilogueModel& m : kModels) cases.emplace_back(setup_of(m, 1, ++seed), 1);
+  EpilogueSetup headwise = setup_of(kModels[0], 1, ++seed);
+  headwise.scope = NormScope::kHeadwise;
+  cases.emplace_back(headwise, 2);
+  EpilogueSetup element = setup_of(kModels[3], 1, ++seed);
+  element.unaligned = true;
+  cases.emplace_back(element, 1);
+  EpilogueSetup gptj = setup_of(kModels[3], 1, ++seed);
+  gptj.style = RopeStyle::kGptj;
+  gptj.q_out_dtype = gptj.cache_dtype = DType::kF8E4M3;
+  gptj.in_place = false;
+  cases.emplace_back(gptj, 1);
+  EpilogueSetup hnd = setup_of(kModels[2], 1, ++seed);
+  hnd.hnd = true;
+  hnd.in_place = false;
+  hnd.k_out = true;
+  cases.emplace_back(hnd, 1);
+  int compared = 0;
+  for (auto [s, world] : cases) {
+    for (int64_t tokens : {1, 3, 64, 300}) {
+      s.tokens = tokens;
+      s.seed += 7;
+      const EpilogueHost h = EpilogueHost::random(s);
+      const ref::EpilogueExpected gold = ref::epilogue_fp64(h.ref);
+      EpilogueTuning t;
+      t.split = 1;
+      const auto unsplit = checked_outputs(h, gold, world, t);
+      for (int split : {0, 2, 4, 8}) {
+        SCOPED_TRACE(s.name() + " TP " + std::to_string(world) + " split " +
+                     std::to_string(split));
+        t.split = split;
+        const auto got = checked_outputs(h, gold, world, t);
+        for (int i = 0; i < world; ++i) EXPECT_TRUE(got[i] == unsplit[i]) << "rank " << i;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 8 * 4 * 4);
+}
+
 // Graphs captured once per token count replay on fresh inputs each time.
 TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
   REQUIRE_GPU();
@@ -270,6 +325,9 @@ TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
 // the value, at check_error() and at the next launch, until reset(). With 50 tokens each block
 // has one, the first it stages; with 3000 at TP 1 (264 blocks of OLMo2-13B on an H100 or H200)
 // token 2990 is its block's twelfth, whose position warp 0 loads one staging ahead in the loop.
+// At TP 1 and 50 tokens on an H100 or H200 each token is split between two blocks
+// (epilogue_token_split): the first records the failure and poisons Q, and neither writes the
+// token's K or V.
 void bad_value_case(bool position, int world, int64_t tokens = 50, int64_t bad_token = 17) {
   EpilogueSetup s = setup_of(kModels[1], tokens, position ? 2001 : 2002);
   EpilogueHost h = EpilogueHost::random(s);

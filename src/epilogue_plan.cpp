@@ -89,7 +89,8 @@ int epilogue_token_split(const QkEpilogueParams& p, int world, int64_t tokens, i
   if (epilogue_exchanges(p, world)) return 1;
   if (p.tuning.split != 0) return p.tuning.split;
   int split = 1;
-  while (split < kEpilogueMaxSplit && tokens * ranks * split * 2 <= sms &&
+  while (split < kEpiloguePolicySplit &&
+         tokens * ranks * split * 2 * kEpilogueSplitSmShare <= sms &&
          items >= kEpilogueMinSplitItems * split * 2) {
     split *= 2;
   }

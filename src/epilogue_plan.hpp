@@ -27,10 +27,15 @@ constexpr std::size_t kEpilogueDeepStageBytes = 16 * 1024;
 /// (the plain kernel's deferral): a peer a few tokens behind then costs no wait.
 constexpr int kEpilogueMaxDefer = 2;
 /// Alone (TP 1, or headwise), a launch of few tokens leaves SMs idle while each busy one issues a
-/// whole token's rotation: up to this many blocks then share a token, each writing a part of its
-/// heads and V (every one sums the whole row's squares), while there are SMs for every block and
-/// each part keeps at least kEpilogueMinSplitItems work items.
+/// whole token's rotation: blocks then share a token, each writing a part of its heads and V, and
+/// each staging and summing the whole Q and K rows. The policy splits in two or four while the
+/// blocks take at most a quarter of the SMs and each part keeps kEpilogueMinSplitItems work
+/// items: past that the restaged rows cost more than the split saves (one H100, TP 1, 1-32
+/// tokens, every split side by side: docs/performance.md, "Few tokens alone: a token split
+/// between blocks"). A forced split may take up to kEpilogueMaxSplit.
 constexpr int kEpilogueMaxSplit = 8;
+constexpr int kEpiloguePolicySplit = 4;
+constexpr int kEpilogueSplitSmShare = 4;  // the policy's blocks stay within SMs / this
 constexpr int64_t kEpilogueMinSplitItems = 32;
 /// The largest deferral a ring holds: a deferred token and the one loading ahead need a stage each
 /// beside the one reduced.
@@ -58,10 +63,10 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
                              std::size_t stage_bytes);
 
 /// @brief Blocks that share each token of a launch that exchanges nothing: p.tuning.split when
-/// forced, else the largest power of two up to kEpilogueMaxSplit with tokens x ranks x split at
-/// most `sms` (the SMs the launch may use) and items / split at least
-/// kEpilogueMinSplitItems (items: the rotation's work items of a token, heads x items a head).
-/// 1 for a launch that exchanges (epilogue_shape refuses a forced split above 1 there).
+/// forced, else the largest power of two up to kEpiloguePolicySplit with tokens x ranks x split
+/// at most sms / kEpilogueSplitSmShare (sms: the SMs the launch may use) and items / split at
+/// least kEpilogueMinSplitItems (items: the rotation's work items of a token, heads x items a
+/// head). 1 for a launch that exchanges (epilogue_shape refuses a forced split above 1 there).
 int epilogue_token_split(const QkEpilogueParams& p, int world, int64_t tokens, int ranks,
                          int64_t items, int sms);
 

@@ -242,9 +242,10 @@ void EpilogueTuning::validate() const {
                       (stages != 0 ? "stages - 2 with stages = " + num(stages)
                                    : std::string("the kernel's largest")) +
                       "; -1 = tuned)");
-  SWIFTQK_EXPECTS(split == 0 || (split >= 1 && split <= kEpilogueMaxSplit && (split & (split - 1)) == 0),
-                  who + "split = " + num(split) + " is not a power of two in [1, " +
-                      num(kEpilogueMaxSplit) + "] (0 = tuned)");
+  SWIFTQK_EXPECTS(
+      split == 0 || (split >= 1 && split <= kEpilogueMaxSplit && (split & (split - 1)) == 0),
+      who + "split = " + num(split) + " is not a power of two in [1, " + num(kEpilogueMaxSplit) +
+          "] (0 = tuned)");
 }
 
 void validate_epilogue_params(const QkEpilogueParams& p, int world_size) {

@@ -113,32 +113,33 @@ TEST(EpiloguePlan, AForcedDeferralWithoutAnExchangeIsRefusedByName) {
   EXPECT_EQ(epilogue_shape(p, 8, 8, 4096).defer, 0);
 }
 
-// Alone, a few tokens' launch shares each token between blocks while there are SMs for all of
-// them and each part keeps kEpilogueMinSplitItems items; with peers a block is a token's.
+// Alone, a few tokens' launch shares each token between up to 4 blocks while they take at most
+// a quarter of the SMs and each part keeps kEpilogueMinSplitItems items; with peers a block is a
+// token's.
 TEST(EpiloguePlan, FewTokensAloneShareEachTokenBetweenBlocks) {
   QkEpilogueParams p = aligned_params();
   const int64_t olmo2 = 80 * 8;  // OLMo2-13B at TP 1: 80 Q and K heads of 8 NeoX pair items
-  EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, olmo2, 132), 8);
-  EXPECT_EQ(epilogue_token_split(p, 1, 16, 1, olmo2, 132), 8);  // 128 blocks
-  EXPECT_EQ(epilogue_token_split(p, 1, 17, 1, olmo2, 132), 4);
-  EXPECT_EQ(epilogue_token_split(p, 1, 64, 1, olmo2, 132), 2);
-  EXPECT_EQ(epilogue_token_split(p, 1, 67, 1, olmo2, 132), 1);
+  EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, olmo2, 132), 4);
+  EXPECT_EQ(epilogue_token_split(p, 1, 8, 1, olmo2, 132), 4);  // 32 blocks
+  EXPECT_EQ(epilogue_token_split(p, 1, 9, 1, olmo2, 132), 2);
+  EXPECT_EQ(epilogue_token_split(p, 1, 16, 1, olmo2, 132), 2);
+  EXPECT_EQ(epilogue_token_split(p, 1, 17, 1, olmo2, 132), 1);
   EXPECT_EQ(epilogue_token_split(p, 1, 4096, 1, olmo2, 132), 1);
-  EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, olmo2, 6), 4);  // an SM budget of 6
+  EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, olmo2, 12), 2);        // an SM budget of 12
   EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, 4 * 32 - 1, 132), 2);  // parts of >= 32 items
   EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, 63, 132), 1);
-  EXPECT_EQ(epilogue_token_split(p, 1, 1, 4, olmo2, 132), 8);  // 4 virtual ranks, 32 blocks
-  EXPECT_EQ(epilogue_token_split(p, 1, 8, 4, olmo2, 132), 4);
+  EXPECT_EQ(epilogue_token_split(p, 1, 1, 4, olmo2, 132), 4);  // 4 virtual ranks, 16 blocks
+  EXPECT_EQ(epilogue_token_split(p, 1, 4, 4, olmo2, 132), 2);
   EXPECT_EQ(epilogue_token_split(p, 8, 1, 8, olmo2, 132), 1);  // exchanges: never split
   QkEpilogueParams headwise = p;
   headwise.scope = NormScope::kHeadwise;  // exchanges nothing at any TP
-  EXPECT_EQ(epilogue_token_split(headwise, 8, 4, 8, olmo2, 132), 4);
-  p.tuning.split = 4;  // forced: taken as it is alone, even past the SMs
-  EXPECT_EQ(epilogue_token_split(p, 1, 4096, 1, olmo2, 132), 4);
+  EXPECT_EQ(epilogue_token_split(headwise, 8, 2, 8, olmo2, 132), 2);
+  p.tuning.split = 8;  // forced: taken as it is alone, past the policy's bounds
+  EXPECT_EQ(epilogue_token_split(p, 1, 4096, 1, olmo2, 132), 8);
   p.tuning.split = 1;
   EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, olmo2, 132), 1);
   EXPECT_NO_THROW(epilogue_shape(p, 2, 8, 4096));  // 1 is every launch's
-  p.tuning.split = 2;  // with peers a forced split is refused by name
+  p.tuning.split = 2;                              // with peers a forced split is refused by name
   try {
     epilogue_shape(p, 2, 8, 4096);
     ADD_FAILURE() << "a split with peers was accepted";

@@ -325,9 +325,8 @@ TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
 // the value, at check_error() and at the next launch, until reset(). With 50 tokens each block
 // has one, the first it stages; with 3000 at TP 1 (264 blocks of OLMo2-13B on an H100 or H200)
 // token 2990 is its block's twelfth, whose position warp 0 loads one staging ahead in the loop.
-// At TP 1 and 50 tokens on an H100 or H200 each token is split between two blocks
-// (epilogue_token_split): the first records the failure and poisons Q, and neither writes the
-// token's K or V.
+// With 4 tokens at TP 1 each token is split between four blocks (epilogue_token_split): the
+// first records the failure and poisons Q, and none writes the token's K or V.
 void bad_value_case(bool position, int world, int64_t tokens = 50, int64_t bad_token = 17) {
   EpilogueSetup s = setup_of(kModels[1], tokens, position ? 2001 : 2002);
   EpilogueHost h = EpilogueHost::random(s);
@@ -387,12 +386,14 @@ TEST(Epilogue, BadPositionIsRaisedAndWritesNothingOfThatToken) {
   REQUIRE_GPU();
   bad_value_case(true, 1);
   bad_value_case(true, 2);
+  bad_value_case(true, 1, 4, 2);
 }
 
 TEST(Epilogue, BadSlotIsRaisedAndWritesNothingOfThatToken) {
   REQUIRE_GPU();
   bad_value_case(false, 1);
   bad_value_case(false, 4);
+  bad_value_case(false, 1, 4, 1);
 }
 
 TEST(Epilogue, BadValuesLateInABlocksSequenceAreRaised) {

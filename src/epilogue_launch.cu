@@ -161,13 +161,21 @@ void launch_impl(const std::vector<Communicator*>& comms,
   // The canonical order (layerwise only; validate_epilogue_params checked TP and widths).
   const bool det = p0.deterministic && p0.scope == NormScope::kLayerwise;
   key.det = det;
+  // Alone, a few tokens' launch shares each token between `split` blocks (a multiple of which
+  // every rank gets; blocks_per_rank / split tokens are then in flight per rank). Only a call of
+  // more than kMaxLaunchTokens tokens alone has a second chunk, too many tokens to split.
+  const int sms = detail::sm_count(s0.device);
+  const int ranks = static_cast<int>(comms.size());
+  const int budget = launch_sm_budget(s0.config.sm_budget, sms, ranks, s0.ranks_on_device);
+  const int64_t iph = epilogue_items_per_head(p0, vec);
+  const int split_first = epilogue_token_split(
+      p0, world, vec, std::min(p0.tokens, kMaxLaunchTokens), ranks,
+      (p0.num_q_heads + p0.num_kv_heads) * iph, budget == 0 ? sms : std::min(budget, sms));
+  key.split = split_first > 1;
   const EpilogueFn fn = detail::pick_epilogue_kernel(p0.dtype, key);
   SWIFTQK_EXPECTS(fn != nullptr, "launch_qk_epilogue: no kernel for dtype " + to_string(p0.dtype));
   const void* f = reinterpret_cast<const void*>(fn);
   const int per_sm = detail::max_blocks_per_sm(f, shape.threads, smem, s0.device);
-  const int sms = detail::sm_count(s0.device);
-  const int ranks = static_cast<int>(comms.size());
-  const int budget = launch_sm_budget(s0.config.sm_budget, sms, ranks, s0.ranks_on_device);
   const bool pdl = p0.pdl && detail::can_launch_pdl(f, s0.device);
 
   EpilogueArgs a{};
@@ -185,7 +193,6 @@ void launch_impl(const std::vector<Communicator*>& comms,
   a.cs_copy_bytes = shape.cs_copy_bytes;
   // The kernel divides by head_dim and by the items per head with one multiply, exact while
   // the dividends (elements of a V row, items of a token) times the divisor stay below 2^32.
-  const int64_t iph = epilogue_items_per_head(p0, vec);
   SWIFTQK_EXPECTS(kw * p0.head_dim < (int64_t{1} << 32) &&
                       (p0.num_q_heads + p0.num_kv_heads) * iph * iph < (int64_t{1} << 32),
                   "launch_qk_epilogue: " + std::to_string(p0.num_q_heads) + " + " +
@@ -229,10 +236,7 @@ void launch_impl(const std::vector<Communicator*>& comms,
   for (int64_t i = 0; i < chunks; ++i) {
     const int64_t first = i * per_launch;
     const int64_t tokens = std::min(per_launch, p0.tokens - first);
-    // Alone, a few tokens' launch shares each token between `split` blocks (a multiple of which
-    // every rank gets); blocks_per_rank / split tokens are then in flight per rank.
-    int split = epilogue_token_split(p0, world, tokens, ranks, (a.q_heads + a.kv_heads) * iph,
-                                     budget == 0 ? sms : std::min(budget, sms));
+    int split = split_first;
     GridPlan grid = plan_grid(tokens * split, ranks, 1, per_sm, sms, budget);
     while (split > 1 && grid.blocks_per_rank < split) {
       split /= 2;

@@ -67,10 +67,6 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
                   "QkEpilogueParams.tuning.defer = " + std::to_string(t.defer) +
                       ": a launch that exchanges nothing (TP 1, or a headwise norm) defers "
                       "nothing; give 0 or -1 (tuned)");
-  SWIFTQK_EXPECTS(!exchanges || t.split <= 1,
-                  "QkEpilogueParams.tuning.split = " + std::to_string(t.split) +
-                      ": a launch that exchanges partial sums splits no token; give 0 (tuned) "
-                      "or 1");
   const int policy_defer = exchanges ? std::min(log2_world, kEpilogueMaxDefer) : 0;
   const int ahead = stage_bytes <= kEpilogueDeepStageBytes ? 2 : 1;
   if (t.stages != 0) {
@@ -84,9 +80,19 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
   return s;
 }
 
-int epilogue_token_split(const QkEpilogueParams& p, int world, int64_t tokens, int ranks,
+int epilogue_token_split(const QkEpilogueParams& p, int world, int vec, int64_t tokens, int ranks,
                          int64_t items, int sms) {
-  if (epilogue_exchanges(p, world)) return 1;
+  const char* whole = epilogue_exchanges(p, world) ? "a launch that exchanges partial sums"
+                      : vec == 1                   ? "the element path"
+                      : p.deterministic && p.scope == NormScope::kLayerwise
+                          ? "the deterministic mode"
+                          : nullptr;
+  if (whole != nullptr) {
+    SWIFTQK_EXPECTS(p.tuning.split <= 1,
+                    "QkEpilogueParams.tuning.split = " + std::to_string(p.tuning.split) + ": " +
+                        whole + " splits no token; give 0 (tuned) or 1");
+    return 1;
+  }
   if (p.tuning.split != 0) return p.tuning.split;
   int split = 1;
   while (split < kEpiloguePolicySplit &&

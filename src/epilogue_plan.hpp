@@ -57,17 +57,17 @@ struct EpilogueShape {
 /// @brief The shape for p on a group of `world` ranks, with access width vec and a ring stage of
 /// stage_bytes: the policy, with p.tuning's overrides (a forced ring shortens the policy's
 /// deferral to fit, leaving at least one row loading ahead). Throws swiftqk::Error for a forced
-/// deferral on a launch that exchanges nothing (TP 1, or headwise), which defers nothing, and for
-/// a forced split above 1 on one that exchanges.
+/// deferral on a launch that exchanges nothing (TP 1, or headwise), which defers nothing.
 EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
                              std::size_t stage_bytes);
 
-/// @brief Blocks that share each token of a launch that exchanges nothing: p.tuning.split when
-/// forced, else the largest power of two up to kEpiloguePolicySplit with tokens x ranks x split
-/// at most sms / kEpilogueSplitSmShare (sms: the SMs the launch may use) and items / split at
-/// least kEpilogueMinSplitItems (items: the rotation's work items of a token, heads x items a
-/// head). 1 for a launch that exchanges (epilogue_shape refuses a forced split above 1 there).
-int epilogue_token_split(const QkEpilogueParams& p, int world, int64_t tokens, int ranks,
+/// @brief Blocks that share each token of a launch that exchanges nothing, on the vector path
+/// (vec > 1) and outside the deterministic mode: p.tuning.split when forced, else the largest
+/// power of two up to kEpiloguePolicySplit with tokens x ranks x split at most
+/// sms / kEpilogueSplitSmShare (sms: the SMs the launch may use) and items / split at least
+/// kEpilogueMinSplitItems (items: the rotation's work items of a token, heads x items a head).
+/// 1 for the other launches, where a forced split above 1 throws swiftqk::Error naming why.
+int epilogue_token_split(const QkEpilogueParams& p, int world, int vec, int64_t tokens, int ranks,
                          int64_t items, int sms);
 
 /// @brief The unit a cos/sin row is staged in: 16 or 4 bytes (cp.async) when the table's pointer

@@ -17,6 +17,7 @@ struct EpilogueKey {
   bool alone = false;      // no exchange (TP 1 layerwise, or headwise)
   bool olmo2 = true;       // NormOrder::kOlmo2, else kLlama
   bool det = false;        // the deterministic mode's canonical sums (layerwise)
+  bool split = false;      // blocks share a token (alone, vector path, not det)
 };
 
 EpilogueFn pick_epilogue_kernel_bf16(const EpilogueKey& k);

@@ -7,15 +7,19 @@
 namespace swiftqk::detail {
 
 template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2, bool kAlone>
-EpilogueFn pick_epilogue_det(bool det) {
-  return det ? &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, kAlone, true>
-             : &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, kAlone, false>;
+EpilogueFn pick_epilogue_det(const EpilogueKey& k) {
+  if (k.det) return &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, kAlone, true, false>;
+  if constexpr (kAlone && VEC > 1) {  // the only kernels that split a token
+    if (k.split) return &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, true, false, true>;
+  }
+  return k.split ? nullptr
+                 : &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, kAlone, false, false>;
 }
 
 template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2>
 EpilogueFn pick_epilogue_alone(const EpilogueKey& k) {
-  return k.alone ? pick_epilogue_det<T, QOut, CacheT, VEC, kOlmo2, true>(k.det)
-                 : pick_epilogue_det<T, QOut, CacheT, VEC, kOlmo2, false>(k.det);
+  return k.alone ? pick_epilogue_det<T, QOut, CacheT, VEC, kOlmo2, true>(k)
+                 : pick_epilogue_det<T, QOut, CacheT, VEC, kOlmo2, false>(k);
 }
 
 template <typename T, typename QOut, typename CacheT, int VEC>

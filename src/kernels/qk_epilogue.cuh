@@ -47,8 +47,11 @@ __device__ __forceinline__ void poison_token(const EpilogueArgs& a, const Epilog
 /// kOlmo2 is the norm order. kAlone compiles the exchange out (TP 1 layerwise, and every headwise
 /// launch).
 /// kDet: the deterministic mode's canonical sums (layerwise only; a template parameter, so the
-/// default kernels are unchanged).
-template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2, bool kAlone, bool kDet>
+/// default kernels are unchanged). kSplit: blocks share a token (EpilogueArgs::split_log2; alone,
+/// on the vector path, without kDet): a template parameter, since the ranges it works out cost
+/// the unsplit launches 0.1 us at 8-64 tokens and up to 3% at 4096 (one H100).
+template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2, bool kAlone, bool kDet,
+          bool kSplit>
 __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
     qk_epilogue_kernel(const __grid_constant__ EpilogueArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -97,15 +100,16 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
   // Alone, 2^split_log2 blocks share each token (epilogue_token_split): block part `part` writes
   // its share of the token's V vectors and rotation items, and each one sums the whole row's
   // squares in the same order, so the outputs keep their bits. With peers a block is a token's.
-  const int split_log2 = kAlone ? a.split_log2 : 0;
+  static_assert(!kSplit || (kAlone && !kDet && VEC > 1), "a split token is alone and vectored");
+  const int split_log2 = kSplit ? a.split_log2 : 0;
   const int part = lblock & ((1 << split_log2) - 1);
   const int step = a.blocks_per_rank >> split_log2;
   const int first = lblock >> split_log2;
   // This part's V vectors, [qk_units + v_lo, v_end) of the staged row (with peers all of them):
   // every part stages the whole Q and K rows and only its own V.
   const int v_units = kw / VEC;
-  const int v_lo = kAlone ? (part * v_units) >> split_log2 : 0;
-  const int v_end = kAlone ? qk_units + (((part + 1) * v_units) >> split_log2) : units;
+  const int v_lo = kSplit ? (part * v_units) >> split_log2 : 0;
+  const int v_end = kSplit ? qk_units + (((part + 1) * v_units) >> split_log2) : units;
   const int iterations = first < ntok ? (ntok - first + step - 1) / step : 0;
   uint8_t* const peer_ws = !kAlone && lane < a.world && warp == 0 ? ra.peers[lane] : nullptr;
   int world_pow2 = 1;
@@ -161,7 +165,7 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
       T* row = stage_row(s);
       const uint32_t row_s = ring_s + static_cast<uint32_t>(s * L.bytes());
       for (int u = tid; u < v_end - v_lo; u += G) {
-        const int e = (kAlone && u >= qk_units ? u + v_lo : u) * VEC;  // all Q and K, part's V
+        const int e = (kSplit && u >= qk_units ? u + v_lo : u) * VEC;  // all Q and K, part's V
         const T* src = e < qw ? qr + e : (e < qw + kw ? kr + (e - qw) : vr + (e - qw - kw));
         if constexpr (VEC > 1) {
           cp_async_bytes(row_s + static_cast<uint32_t>(e * sizeof(T)), src, 16);
@@ -500,7 +504,7 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
       auto item_bound = [&](int k) {  // the first item of part k
         return (k * (pair_total + heads * single_items)) >> split_log2;
       };
-      const bool split = kAlone && split_log2 != 0;
+      const bool split = kSplit && split_log2 != 0;
       const int p_hi = split ? min(item_bound(part + 1), pair_total) : pair_total;
       for (int item = (split ? min(item_bound(part), pair_total) : 0) + tid; item < p_hi;
            item += G) {

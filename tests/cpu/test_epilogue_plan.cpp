@@ -119,36 +119,50 @@ TEST(EpiloguePlan, AForcedDeferralWithoutAnExchangeIsRefusedByName) {
 TEST(EpiloguePlan, FewTokensAloneShareEachTokenBetweenBlocks) {
   QkEpilogueParams p = aligned_params();
   const int64_t olmo2 = 80 * 8;  // OLMo2-13B at TP 1: 80 Q and K heads of 8 NeoX pair items
-  EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, olmo2, 132), 4);
-  EXPECT_EQ(epilogue_token_split(p, 1, 8, 1, olmo2, 132), 4);  // 32 blocks
-  EXPECT_EQ(epilogue_token_split(p, 1, 9, 1, olmo2, 132), 2);
-  EXPECT_EQ(epilogue_token_split(p, 1, 16, 1, olmo2, 132), 2);
-  EXPECT_EQ(epilogue_token_split(p, 1, 17, 1, olmo2, 132), 1);
-  EXPECT_EQ(epilogue_token_split(p, 1, 4096, 1, olmo2, 132), 1);
-  EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, olmo2, 12), 2);        // an SM budget of 12
-  EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, 4 * 32 - 1, 132), 2);  // parts of >= 32 items
-  EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, 63, 132), 1);
-  EXPECT_EQ(epilogue_token_split(p, 1, 1, 4, olmo2, 132), 4);  // 4 virtual ranks, 16 blocks
-  EXPECT_EQ(epilogue_token_split(p, 1, 4, 4, olmo2, 132), 2);
-  EXPECT_EQ(epilogue_token_split(p, 8, 1, 8, olmo2, 132), 1);  // exchanges: never split
+  auto split = [&](const QkEpilogueParams& q, int world, int64_t tokens, int ranks, int64_t items,
+                   int sms) {
+    return epilogue_token_split(q, world, 8, tokens, ranks, items, sms);
+  };
+  EXPECT_EQ(split(p, 1, 1, 1, olmo2, 132), 4);
+  EXPECT_EQ(split(p, 1, 8, 1, olmo2, 132), 4);  // 32 blocks
+  EXPECT_EQ(split(p, 1, 9, 1, olmo2, 132), 2);
+  EXPECT_EQ(split(p, 1, 16, 1, olmo2, 132), 2);
+  EXPECT_EQ(split(p, 1, 17, 1, olmo2, 132), 1);
+  EXPECT_EQ(split(p, 1, 4096, 1, olmo2, 132), 1);
+  EXPECT_EQ(split(p, 1, 1, 1, olmo2, 12), 2);        // an SM budget of 12
+  EXPECT_EQ(split(p, 1, 1, 1, 4 * 32 - 1, 132), 2);  // parts of >= 32 items
+  EXPECT_EQ(split(p, 1, 1, 1, 63, 132), 1);
+  EXPECT_EQ(split(p, 1, 1, 4, olmo2, 132), 4);  // 4 virtual ranks, 16 blocks
+  EXPECT_EQ(split(p, 1, 4, 4, olmo2, 132), 2);
+  EXPECT_EQ(split(p, 8, 1, 8, olmo2, 132), 1);  // exchanges: never split
   QkEpilogueParams headwise = p;
   headwise.scope = NormScope::kHeadwise;  // exchanges nothing at any TP
-  EXPECT_EQ(epilogue_token_split(headwise, 8, 2, 8, olmo2, 132), 2);
+  EXPECT_EQ(split(headwise, 8, 2, 8, olmo2, 132), 2);
+  QkEpilogueParams det = p;
+  det.deterministic = true;  // its kernels never split
+  EXPECT_EQ(split(det, 1, 1, 1, olmo2, 132), 1);
+  EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, 1, olmo2, 132), 1);  // nor the element path's
   p.tuning.split = 8;  // forced: taken as it is alone, past the policy's bounds
-  EXPECT_EQ(epilogue_token_split(p, 1, 4096, 1, olmo2, 132), 8);
+  EXPECT_EQ(split(p, 1, 4096, 1, olmo2, 132), 8);
   p.tuning.split = 1;
-  EXPECT_EQ(epilogue_token_split(p, 1, 1, 1, olmo2, 132), 1);
-  EXPECT_NO_THROW(epilogue_shape(p, 2, 8, 4096));  // 1 is every launch's
-  p.tuning.split = 2;                              // with peers a forced split is refused by name
-  try {
-    epilogue_shape(p, 2, 8, 4096);
-    ADD_FAILURE() << "a split with peers was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("tuning.split = 2: a launch that exchanges partial "
-                                         "sums splits no token"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_EQ(split(p, 1, 1, 1, olmo2, 132), 1);
+  EXPECT_EQ(split(p, 2, 1, 2, olmo2, 132), 1);  // 1 is every launch's
+  // Above 1, refused by name with peers, on the element path and in the deterministic mode.
+  p.tuning.split = 2;
+  det.tuning.split = 2;
+  auto refused = [&](const QkEpilogueParams& q, int world, int vec, const std::string& why) {
+    try {
+      epilogue_token_split(q, world, vec, 1, 1, olmo2, 132);
+      ADD_FAILURE() << "a split was accepted: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("tuning.split = 2: " + why + " splits no token"),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  refused(p, 2, 8, "a launch that exchanges partial sums");
+  refused(p, 1, 1, "the element path");
+  refused(det, 1, 8, "the deterministic mode");
   // Alone it keeps the tuned block: the parts sum the row's squares in the unsplit order.
   EXPECT_EQ(epilogue_shape(p, 1, 8, 4096).threads,
             epilogue_shape(aligned_params(), 1, 8, 4096).threads);

@@ -244,9 +244,9 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
 // Alone, the blocks that share a token (EpilogueTuning::split; the policy splits launches of a
 // few tokens) write the bits of the unsplit launch: each sums the whole row's squares in the
 // same order and writes its own items and V vectors. Every DESIGN shape at TP 1, and a headwise
-// launch at TP 2 (alone at any TP), the element path, GPT-J with partial rotary, fp8 Q and
-// cache, and an HND cache with k_out; token counts that leave parts of one token to blocks
-// with and without a second token.
+// launch at TP 2 (alone at any TP), GPT-J with partial rotary, fp8 Q and cache, and an HND
+// cache with k_out; token counts that leave parts of one token to blocks with and without a
+// second token.
 TEST(Epilogue, SplitTokensKeepTheBits) {
   REQUIRE_GPU();
   std::vector<std::pair<EpilogueSetup, int>> cases;
@@ -255,9 +255,6 @@ TEST(Epilogue, SplitTokensKeepTheBits) {
   EpilogueSetup headwise = setup_of(kModels[0], 1, ++seed);
   headwise.scope = NormScope::kHeadwise;
   cases.emplace_back(headwise, 2);
-  EpilogueSetup element = setup_of(kModels[3], 1, ++seed);
-  element.unaligned = true;
-  cases.emplace_back(element, 1);
   EpilogueSetup gptj = setup_of(kModels[3], 1, ++seed);
   gptj.style = RopeStyle::kGptj;
   gptj.q_out_dtype = gptj.cache_dtype = DType::kF8E4M3;
@@ -288,7 +285,20 @@ TEST(Epilogue, SplitTokensKeepTheBits) {
       }
     }
   }
-  EXPECT_EQ(compared, 8 * 4 * 4);
+  EXPECT_EQ(compared, 7 * 4 * 4);
+  // The element path's kernels never split: a forced split is refused by name, nothing written.
+  EpilogueSetup element = setup_of(kModels[3], 3, ++seed);
+  element.unaligned = true;
+  const EpilogueHost h = EpilogueHost::random(element);
+  EpilogueGroup g(1);
+  EpilogueRanks r = make_ranks(h, 1, 3400);
+  const std::vector<uint8_t> before = output_bytes(r.d[0]);
+  std::vector<QkEpilogueParams> p = r.params();
+  p[0].tuning.split = 2;
+  expect_error([&] { launch_qk_epilogue_group(g.ptrs, p, nullptr); },
+               {"tuning.split = 2", "the element path splits no token"});
+  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+  EXPECT_TRUE(output_bytes(r.d[0]) == before) << "a refused launch wrote";
 }
 
 // Graphs captured once per token count replay on fresh inputs each time.

@@ -167,10 +167,10 @@ void launch_impl(const std::vector<Communicator*>& comms,
   const int sms = detail::sm_count(s0.device);
   const int ranks = static_cast<int>(comms.size());
   const int budget = launch_sm_budget(s0.config.sm_budget, sms, ranks, s0.ranks_on_device);
-  const int64_t iph = epilogue_items_per_head(p0, vec);
+  const int64_t iph = epilogue_items_per_head(p0, vec), pairs = epilogue_pair_items(p0, vec);
   const int split_first = epilogue_token_split(
       p0, world, vec, std::min(p0.tokens, kMaxLaunchTokens), ranks,
-      (p0.num_q_heads + p0.num_kv_heads) * iph, budget == 0 ? sms : std::min(budget, sms));
+      (p0.num_q_heads + p0.num_kv_heads) * pairs, budget == 0 ? sms : std::min(budget, sms));
   key.split = split_first > 1;
   const EpilogueFn fn = detail::pick_epilogue_kernel(p0.dtype, key);
   SWIFTQK_EXPECTS(fn != nullptr, "launch_qk_epilogue: no kernel for dtype " + to_string(p0.dtype));
@@ -199,7 +199,7 @@ void launch_impl(const std::vector<Communicator*>& comms,
                       std::to_string(p0.num_kv_heads) + " heads of " + std::to_string(p0.head_dim) +
                       " are beyond the kernel's index range");
   a.hd_magic = epilogue_div_magic(static_cast<uint32_t>(p0.head_dim));
-  const int64_t pairs = epilogue_pair_items(p0, vec), singles = iph - pairs;
+  const int64_t singles = iph - pairs;
   a.pair_magic = epilogue_div_magic(static_cast<uint32_t>(std::max<int64_t>(1, pairs)));
   a.single_magic = epilogue_div_magic(static_cast<uint32_t>(std::max<int64_t>(1, singles)));
   a.single_shift = static_cast<int>((p0.num_q_heads + p0.num_kv_heads) * pairs % shape.threads);

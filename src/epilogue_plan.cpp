@@ -81,7 +81,7 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
 }
 
 int epilogue_token_split(const QkEpilogueParams& p, int world, int vec, int64_t tokens, int ranks,
-                         int64_t items, int sms) {
+                         int64_t pairs, int sms) {
   const char* whole = epilogue_exchanges(p, world) ? "a launch that exchanges partial sums"
                       : vec == 1                   ? "the element path"
                       : p.deterministic && p.scope == NormScope::kLayerwise
@@ -95,9 +95,9 @@ int epilogue_token_split(const QkEpilogueParams& p, int world, int vec, int64_t 
   }
   if (p.tuning.split != 0) return p.tuning.split;
   int split = 1;
+  if (pairs < kEpilogueMinSplitPairs) return split;
   while (split < kEpiloguePolicySplit &&
-         tokens * ranks * split * 2 * kEpilogueSplitSmShare <= sms &&
-         items >= kEpilogueMinSplitItems * split * 2) {
+         tokens * ranks * split * 2 * kEpilogueSplitSmShare <= sms) {
     split *= 2;
   }
   return split;

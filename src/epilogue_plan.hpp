@@ -28,15 +28,18 @@ constexpr std::size_t kEpilogueDeepStageBytes = 16 * 1024;
 constexpr int kEpilogueMaxDefer = 2;
 /// Alone (TP 1, or headwise), a launch of few tokens leaves SMs idle while each busy one issues a
 /// whole token's rotation: blocks then share a token, each writing a part of its heads and V, and
-/// each staging and summing the whole Q and K rows. The policy splits in two or four while the
-/// blocks take at most a quarter of the SMs and each part keeps kEpilogueMinSplitItems work
-/// items: past that the restaged rows cost more than the split saves (one H100, TP 1, 1-32
-/// tokens, every split side by side: docs/performance.md, "Few tokens alone: a token split
-/// between blocks"). A forced split may take up to kEpilogueMaxSplit.
+/// each staging and summing the whole Q and K rows. The policy splits tokens of at least
+/// kEpilogueMinSplitPairs rotated pairs in two or four, while the blocks take at most a quarter
+/// of the SMs. One H100, TP 1, against
+/// the unsplit kernel at 1-16 tokens (docs/performance.md, "Few tokens alone: a token split
+/// between blocks"): OLMo2-13B (640 pairs) and OLMo3-32B (384) gained 0.10-0.69 us, while
+/// OLMoE (256) and MiniMax-M2 (224, and 448 unrotated vectors) lost up to 0.16 and 0.27 us at
+/// 8-16 tokens, and a split past a quarter of the SMs cost more than it saved. A forced split
+/// may take up to kEpilogueMaxSplit.
 constexpr int kEpilogueMaxSplit = 8;
 constexpr int kEpiloguePolicySplit = 4;
 constexpr int kEpilogueSplitSmShare = 4;  // the policy's blocks stay within SMs / this
-constexpr int64_t kEpilogueMinSplitItems = 32;
+constexpr int64_t kEpilogueMinSplitPairs = 384;
 /// The largest deferral a ring holds: a deferred token and the one loading ahead need a stage each
 /// beside the one reduced.
 constexpr int kEpilogueDeferCap = kEpilogueStageCap - 2;
@@ -62,13 +65,13 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
                              std::size_t stage_bytes);
 
 /// @brief Blocks that share each token of a launch that exchanges nothing, on the vector path
-/// (vec > 1) and outside the deterministic mode: p.tuning.split when forced, else the largest
-/// power of two up to kEpiloguePolicySplit with tokens x ranks x split at most
-/// sms / kEpilogueSplitSmShare (sms: the SMs the launch may use) and items / split at least
-/// kEpilogueMinSplitItems (items: the rotation's work items of a token, heads x items a head).
-/// 1 for the other launches, where a forced split above 1 throws swiftqk::Error naming why.
+/// (vec > 1) and outside the deterministic mode: p.tuning.split when forced, else 1 for a token
+/// of fewer than kEpilogueMinSplitPairs rotated pairs (pairs: heads x the NeoX pair items a
+/// head), else the largest power of two up to kEpiloguePolicySplit with tokens x ranks x split
+/// at most sms / kEpilogueSplitSmShare (sms: the SMs the launch may use). 1 for the other
+/// launches, where a forced split above 1 throws swiftqk::Error naming why.
 int epilogue_token_split(const QkEpilogueParams& p, int world, int vec, int64_t tokens, int ranks,
-                         int64_t items, int sms);
+                         int64_t pairs, int sms);
 
 /// @brief The unit a cos/sin row is staged in: 16 or 4 bytes (cp.async) when the table's pointer
 /// and row allow it, else 2 (plain copies). Each rank has its own table: a launch takes the least.

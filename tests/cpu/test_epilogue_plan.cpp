@@ -113,15 +113,14 @@ TEST(EpiloguePlan, AForcedDeferralWithoutAnExchangeIsRefusedByName) {
   EXPECT_EQ(epilogue_shape(p, 8, 8, 4096).defer, 0);
 }
 
-// Alone, a few tokens' launch shares each token between up to 4 blocks while they take at most
-// a quarter of the SMs and each part keeps kEpilogueMinSplitItems items; with peers a block is a
-// token's.
+// Alone, a few tokens' launch shares each token of at least 384 rotated pairs between up to 4
+// blocks while they take at most a quarter of the SMs; with peers a block is a token's.
 TEST(EpiloguePlan, FewTokensAloneShareEachTokenBetweenBlocks) {
   QkEpilogueParams p = aligned_params();
   const int64_t olmo2 = 80 * 8;  // OLMo2-13B at TP 1: 80 Q and K heads of 8 NeoX pair items
-  auto split = [&](const QkEpilogueParams& q, int world, int64_t tokens, int ranks, int64_t items,
+  auto split = [&](const QkEpilogueParams& q, int world, int64_t tokens, int ranks, int64_t pairs,
                    int sms) {
-    return epilogue_token_split(q, world, 8, tokens, ranks, items, sms);
+    return epilogue_token_split(q, world, 8, tokens, ranks, pairs, sms);
   };
   EXPECT_EQ(split(p, 1, 1, 1, olmo2, 132), 4);
   EXPECT_EQ(split(p, 1, 8, 1, olmo2, 132), 4);  // 32 blocks
@@ -129,9 +128,11 @@ TEST(EpiloguePlan, FewTokensAloneShareEachTokenBetweenBlocks) {
   EXPECT_EQ(split(p, 1, 16, 1, olmo2, 132), 2);
   EXPECT_EQ(split(p, 1, 17, 1, olmo2, 132), 1);
   EXPECT_EQ(split(p, 1, 4096, 1, olmo2, 132), 1);
-  EXPECT_EQ(split(p, 1, 1, 1, olmo2, 12), 2);        // an SM budget of 12
-  EXPECT_EQ(split(p, 1, 1, 1, 4 * 32 - 1, 132), 2);  // parts of >= 32 items
-  EXPECT_EQ(split(p, 1, 1, 1, 63, 132), 1);
+  EXPECT_EQ(split(p, 1, 1, 1, olmo2, 12), 2);  // an SM budget of 12
+  EXPECT_EQ(split(p, 1, 1, 1, 384, 132), 4);   // OLMo3-32B: 48 heads of 8 pairs
+  EXPECT_EQ(split(p, 1, 1, 1, 383, 132), 1);
+  EXPECT_EQ(split(p, 1, 1, 1, 256, 132), 1);    // OLMoE
+  EXPECT_EQ(split(p, 1, 1, 1, 224, 132), 1);    // MiniMax-M2: 56 heads of 4 pairs
   EXPECT_EQ(split(p, 1, 1, 4, olmo2, 132), 4);  // 4 virtual ranks, 16 blocks
   EXPECT_EQ(split(p, 1, 4, 4, olmo2, 132), 2);
   EXPECT_EQ(split(p, 8, 1, 8, olmo2, 132), 1);  // exchanges: never split

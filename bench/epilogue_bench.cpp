@@ -110,6 +110,7 @@ int64_t verify(const EpilogueHost& h, const ref::EpilogueExpected& gold, int tp,
 struct EpilogueOptions {
   EpilogueTuning tuning;
   bool fused_only = false;
+  bool out_of_place = false;  // Q to its own buffer (a split launch needs it)
 };
 
 json run_point(const Options& o, const EpilogueOptions& eo, const Point& pt, const EpilogueHost& h,
@@ -203,6 +204,7 @@ json run_point(const Options& o, const EpilogueOptions& eo, const Point& pt, con
   j["stages"] = eo.tuning.stages;
   j["defer"] = eo.tuning.defer;
   j["split"] = eo.tuning.split;
+  j["out_of_place"] = eo.out_of_place;
   j["fused_only"] = eo.fused_only;
   j["mode"] = o.mode;
   j["commit"] = o.commit;
@@ -224,6 +226,8 @@ int main(int argc, char** argv) {
                  "tokens a block writes behind the one it reduces (-1 = tuned)");
   app.add_option("--split", eo.tuning.split,
                  "blocks sharing a token, TP 1 only: 1, 2, 4 or 8 (0 = tuned)");
+  app.add_flag("--out-of-place", eo.out_of_place,
+               "write Q to its own buffer instead of over the input (only such launches split)");
   app.add_flag("--fused-only", eo.fused_only,
                "verify and time the fused launch and the copy only (no unfused chain or norm)");
   app.add_option("--models", models, "model shapes (bench/models.json)")->capture_default_str();
@@ -279,6 +283,7 @@ int main(int argc, char** argv) {
         st.max_position = kMaxPosition;
         st.padding = 0.0;
         st.seed = 4242 + t;
+        st.in_place = !eo.out_of_place;
         const EpilogueHost h = EpilogueHost::random(st);
         const ref::EpilogueExpected gold = ref::epilogue_fp64(h.ref);
         for (int tp : tp_list) {

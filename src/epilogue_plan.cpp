@@ -82,11 +82,15 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
 
 int epilogue_token_split(const QkEpilogueParams& p, int world, int vec, int64_t tokens, int ranks,
                          int64_t pairs, int sms) {
+  // Written in place, a part's Q or K items would overwrite a row the token's other parts may
+  // not have staged yet for their sums.
+  const bool in_place = p.q_out == p.q || (p.k_out != nullptr && p.k_out == p.k);
   const char* whole = epilogue_exchanges(p, world) ? "a launch that exchanges partial sums"
                       : vec == 1                   ? "the element path"
                       : p.deterministic && p.scope == NormScope::kLayerwise
                           ? "the deterministic mode"
-                          : nullptr;
+                      : in_place ? "a launch that writes Q or K in place"
+                                 : nullptr;
   if (whole != nullptr) {
     SWIFTQK_EXPECTS(p.tuning.split <= 1,
                     "QkEpilogueParams.tuning.split = " + std::to_string(p.tuning.split) + ": " +

@@ -65,7 +65,8 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
                              std::size_t stage_bytes);
 
 /// @brief Blocks that share each token of a launch that exchanges nothing, on the vector path
-/// (vec > 1) and outside the deterministic mode: p.tuning.split when forced, else 1 for a token
+/// (vec > 1), outside the deterministic mode and writing neither Q nor K in place (a part would
+/// overwrite a row the others still stage): p.tuning.split when forced, else 1 for a token
 /// of fewer than kEpilogueMinSplitPairs rotated pairs (pairs: heads x the NeoX pair items a
 /// head), else the largest power of two up to kEpiloguePolicySplit with tokens x ranks x split
 /// at most sms / kEpilogueSplitSmShare (sms: the SMs the launch may use). 1 for the other

@@ -74,7 +74,8 @@ struct EpilogueTuning {
   int defer = -1;
   /// Blocks that share one token, each writing its own part of the token's heads and V (every
   /// one sums the whole row's squares, in the same order): 1, 2, 4 or 8; 0 = tuned (more than one
-  /// only while the launch leaves SMs idle). A launch that exchanges takes 0 or 1 only.
+  /// only while the launch leaves SMs idle). A launch that exchanges, takes the element path,
+  /// runs the deterministic mode or writes Q or K in place takes 0 or 1 only.
   int split = 0;
 
   /// @brief Throws swiftqk::Error naming the first field no launch can take, and its value.

@@ -116,7 +116,9 @@ TEST(EpiloguePlan, AForcedDeferralWithoutAnExchangeIsRefusedByName) {
 // Alone, a few tokens' launch shares each token of at least 384 rotated pairs between up to 4
 // blocks while they take at most a quarter of the SMs; with peers a block is a token's.
 TEST(EpiloguePlan, FewTokensAloneShareEachTokenBetweenBlocks) {
+  alignas(16) static uint8_t q_out[16];
   QkEpilogueParams p = aligned_params();
+  p.q_out = q_out;               // out of place: in place never splits (below)
   const int64_t olmo2 = 80 * 8;  // OLMo2-13B at TP 1: 80 Q and K heads of 8 NeoX pair items
   auto split = [&](const QkEpilogueParams& q, int world, int64_t tokens, int ranks, int64_t pairs,
                    int sms) {
@@ -164,6 +166,17 @@ TEST(EpiloguePlan, FewTokensAloneShareEachTokenBetweenBlocks) {
   refused(p, 2, 8, "a launch that exchanges partial sums");
   refused(p, 1, 1, "the element path");
   refused(det, 1, 8, "the deterministic mode");
+  QkEpilogueParams in_place = p;
+  in_place.q_out = const_cast<void*>(in_place.q);
+  refused(in_place, 1, 8, "a launch that writes Q or K in place");
+  in_place = p;
+  in_place.k_out = const_cast<void*>(in_place.k);
+  in_place.k_out_stride = in_place.k_stride;
+  refused(in_place, 1, 8, "a launch that writes Q or K in place");
+  in_place.tuning.split = 0;  // tuned: never split there
+  EXPECT_EQ(epilogue_token_split(in_place, 1, 8, 1, 1, olmo2, 132), 1);
+  in_place.k_out = q_out;  // K out of place again
+  EXPECT_EQ(epilogue_token_split(in_place, 1, 8, 1, 1, olmo2, 132), 4);
   // Alone it keeps the tuned block: the parts sum the row's squares in the unsplit order.
   EXPECT_EQ(epilogue_shape(p, 1, 8, 4096).threads,
             epilogue_shape(aligned_params(), 1, 8, 4096).threads);

@@ -241,12 +241,13 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
   EXPECT_GT(refused, 0);
 }
 
-// Alone, the blocks that share a token (EpilogueTuning::split; the policy splits launches of a
-// few tokens) write the bits of the unsplit launch: each sums the whole row's squares in the
-// same order and writes its own items and V vectors. Every DESIGN shape at TP 1, and a headwise
-// launch at TP 2 (alone at any TP), GPT-J with partial rotary, fp8 Q and cache, and an HND
-// cache with k_out; token counts that leave parts of one token to blocks with and without a
-// second token.
+// Alone and out of place, the blocks that share a token (EpilogueTuning::split; the policy
+// splits launches of a few tokens) write the bits of the unsplit launch: each sums the whole
+// row's squares in the same order and writes its own items and V vectors. Every DESIGN shape at
+// TP 1, and a headwise launch at TP 2 (alone at any TP), GPT-J with partial rotary, fp8 Q and
+// cache, and an HND cache with k_out; token counts that leave parts of one token to blocks with
+// and without a second token. In place, a part would overwrite a row the token's other parts may
+// not have staged yet: a forced split is refused there, as on the element path.
 TEST(Epilogue, SplitTokensKeepTheBits) {
   REQUIRE_GPU();
   std::vector<std::pair<EpilogueSetup, int>> cases;
@@ -267,6 +268,7 @@ TEST(Epilogue, SplitTokensKeepTheBits) {
   cases.emplace_back(hnd, 1);
   int compared = 0;
   for (auto [s, world] : cases) {
+    s.in_place = false;
     for (int64_t tokens : {1, 3, 64, 300}) {
       s.tokens = tokens;
       s.seed += 7;
@@ -276,8 +278,7 @@ TEST(Epilogue, SplitTokensKeepTheBits) {
       t.split = 1;
       const auto unsplit = checked_outputs(h, gold, world, t);
       for (int split : {0, 2, 4, 8}) {
-        SCOPED_TRACE(s.name() + " TP " + std::to_string(world) + " split " +
-                     std::to_string(split));
+        SCOPED_TRACE(s.name() + " TP " + std::to_string(world) + " split " + std::to_string(split));
         t.split = split;
         const auto got = checked_outputs(h, gold, world, t);
         for (int i = 0; i < world; ++i) EXPECT_TRUE(got[i] == unsplit[i]) << "rank " << i;
@@ -286,19 +287,24 @@ TEST(Epilogue, SplitTokensKeepTheBits) {
     }
   }
   EXPECT_EQ(compared, 7 * 4 * 4);
-  // The element path's kernels never split: a forced split is refused by name, nothing written.
+  // Where no kernel splits, a forced split is refused by name and nothing is written.
   EpilogueSetup element = setup_of(kModels[3], 3, ++seed);
   element.unaligned = true;
-  const EpilogueHost h = EpilogueHost::random(element);
-  EpilogueGroup g(1);
-  EpilogueRanks r = make_ranks(h, 1, 3400);
-  const std::vector<uint8_t> before = output_bytes(r.d[0]);
-  std::vector<QkEpilogueParams> p = r.params();
-  p[0].tuning.split = 2;
-  expect_error([&] { launch_qk_epilogue_group(g.ptrs, p, nullptr); },
-               {"tuning.split = 2", "the element path splits no token"});
-  SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
-  EXPECT_TRUE(output_bytes(r.d[0]) == before) << "a refused launch wrote";
+  element.in_place = false;
+  EpilogueSetup in_place = setup_of(kModels[1], 3, ++seed);
+  for (const auto& [s, why] : {std::pair{element, "the element path"},
+                               std::pair{in_place, "a launch that writes Q or K in place"}}) {
+    const EpilogueHost h = EpilogueHost::random(s);
+    EpilogueGroup g(1);
+    EpilogueRanks r = make_ranks(h, 1, 3400);
+    const std::vector<uint8_t> before = output_bytes(r.d[0]);
+    std::vector<QkEpilogueParams> p = r.params();
+    p[0].tuning.split = 2;
+    expect_error([&] { launch_qk_epilogue_group(g.ptrs, p, nullptr); },
+                 {"tuning.split = 2", std::string(why) + " splits no token"});
+    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    EXPECT_TRUE(output_bytes(r.d[0]) == before) << "a refused launch wrote";
+  }
 }
 
 // Graphs captured once per token count replay on fresh inputs each time.
@@ -335,10 +341,13 @@ TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
 // the value, at check_error() and at the next launch, until reset(). With 50 tokens each block
 // has one, the first it stages; with 3000 at TP 1 (264 blocks of OLMo2-13B on an H100 or H200)
 // token 2990 is its block's twelfth, whose position warp 0 loads one staging ahead in the loop.
-// With 4 tokens at TP 1 each token is split between four blocks (epilogue_token_split): the
-// first records the failure and poisons Q, and none writes the token's K or V.
-void bad_value_case(bool position, int world, int64_t tokens = 50, int64_t bad_token = 17) {
+// With 4 tokens at TP 1 out of place each token is split between four blocks
+// (epilogue_token_split): the first records the failure and poisons Q, and none writes the
+// token's K or V.
+void bad_value_case(bool position, int world, int64_t tokens = 50, int64_t bad_token = 17,
+                    bool in_place = true) {
   EpilogueSetup s = setup_of(kModels[1], tokens, position ? 2001 : 2002);
+  s.in_place = in_place;
   EpilogueHost h = EpilogueHost::random(s);
   int64_t bad_value;
   if (position) {
@@ -396,14 +405,14 @@ TEST(Epilogue, BadPositionIsRaisedAndWritesNothingOfThatToken) {
   REQUIRE_GPU();
   bad_value_case(true, 1);
   bad_value_case(true, 2);
-  bad_value_case(true, 1, 4, 2);
+  bad_value_case(true, 1, 4, 2, false);
 }
 
 TEST(Epilogue, BadSlotIsRaisedAndWritesNothingOfThatToken) {
   REQUIRE_GPU();
   bad_value_case(false, 1);
   bad_value_case(false, 4);
-  bad_value_case(false, 1, 4, 1);
+  bad_value_case(false, 1, 4, 1, false);
 }
 
 TEST(Epilogue, BadValuesLateInABlocksSequenceAreRaised) {

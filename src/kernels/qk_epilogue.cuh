@@ -97,15 +97,16 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
     if (lblock == 0) claim_seen = atomicOr(claim_word(ra.state), claim_of(0u, grid_owner_id()));
     fault_seen = load_volatile64(fault_word(ra.local_ws, a.world, a.capacity));
   }
-  // Alone, 2^split_log2 blocks share each token (epilogue_token_split): block part `part` writes
-  // its share of the token's V vectors and rotation items, and each one sums the whole row's
-  // squares in the same order, so the outputs keep their bits. With peers a block is a token's.
+  // kSplit: 2^split_log2 blocks share each token (epilogue_token_split; alone and out of place,
+  // so no part overwrites a row another still stages): part `part` writes its share of the
+  // token's V vectors and rotation items, and each one sums the whole row's squares in the same
+  // order, so the outputs keep their bits. Otherwise a block is a token's.
   static_assert(!kSplit || (kAlone && !kDet && VEC > 1), "a split token is alone and vectored");
   const int split_log2 = kSplit ? a.split_log2 : 0;
   const int part = lblock & ((1 << split_log2) - 1);
   const int step = a.blocks_per_rank >> split_log2;
   const int first = lblock >> split_log2;
-  // This part's V vectors, [qk_units + v_lo, v_end) of the staged row (with peers all of them):
+  // This part's V vectors, [qk_units + v_lo, v_end) of the staged row (unsplit, all of them):
   // every part stages the whole Q and K rows and only its own V.
   const int v_units = kw / VEC;
   const int v_lo = kSplit ? (part * v_units) >> split_log2 : 0;

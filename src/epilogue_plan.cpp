@@ -67,8 +67,10 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
                   "QkEpilogueParams.tuning.defer = " + std::to_string(t.defer) +
                       ": a launch that exchanges nothing (TP 1, or a headwise norm) defers "
                       "nothing; give 0 or -1 (tuned)");
-  const int policy_defer = exchanges ? std::min(log2_world, kEpilogueMaxDefer) : 0;
-  const int ahead = stage_bytes <= kEpilogueDeepStageBytes ? 2 : 1;
+  const int max_defer =
+      p.tokens <= kEpilogueFewTokensMax ? kEpilogueFewTokensMaxDefer : kEpilogueMaxDefer;
+  const int policy_defer = exchanges ? std::min(log2_world, max_defer) : 0;
+  const int ahead = !exchanges && stage_bytes <= kEpilogueDeepStageBytes ? 2 : 1;
   if (t.stages != 0) {
     s.stages = t.stages;
     s.defer = t.defer >= 0 ? t.defer : std::min(policy_defer, t.stages - 2);

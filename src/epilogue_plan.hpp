@@ -21,11 +21,17 @@ constexpr int64_t kEpilogueFewTokensMax = 64;
 constexpr int kEpilogueMinThreads = 32;
 constexpr int kEpilogueBlockCap = 512;  // epilogue_layout.cuh's kEpilogueMaxThreads
 constexpr int kEpilogueStageCap = 6;    // epilogue_layout.cuh's kEpilogueMaxStages
-/// Rows loading ahead of the one reduced: two while a stage is small, else one.
+/// Rows loading ahead of the one reduced: alone, two while a stage is small, else one; with
+/// peers always one, since the wait for the partners' partials, not the loads, bounds a block
+/// there. One H100, virtual TP 2 and 8, against two rows ahead: 0.06-0.30 us faster at 64 tokens
+/// at 7 of 8 points, and -7.5% to +1.3% at 4096 (docs/performance.md, "The ring with peers").
 constexpr std::size_t kEpilogueDeepStageBytes = 16 * 1024;
 /// With peers, a token's collect lags its publish by ceil(log2(TP)) tokens, at most this many
 /// (the plain kernel's deferral): a peer a few tokens behind then costs no wait.
 constexpr int kEpilogueMaxDefer = 2;
+/// With peers, a launch of at most kEpilogueFewTokensMax tokens defers at most this many: its
+/// blocks hold a token or two each, so a deeper ring only adds stages to fill.
+constexpr int kEpilogueFewTokensMaxDefer = 1;
 /// Alone (TP 1, or headwise), a launch of few tokens leaves SMs idle while each busy one issues a
 /// whole token's rotation: blocks then share a token, each writing a part of its heads and V, and
 /// each staging and summing the whole Q and K rows. The policy splits tokens of at least

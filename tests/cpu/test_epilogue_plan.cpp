@@ -58,22 +58,44 @@ TEST(EpiloguePlan, ElementPathForAnyMisalignmentOrSplitRotation) {
 }
 
 TEST(EpiloguePlan, ExchangeDefersAndDeepensTheRing) {
-  const QkEpilogueParams p = aligned_params();
+  QkEpilogueParams p = aligned_params();
+  p.tokens = 4096;
   const EpilogueShape alone = epilogue_shape(p, 1, 8, 4096);
   EXPECT_EQ(alone.defer, 0);
-  EXPECT_EQ(alone.stages, 3);
+  EXPECT_EQ(alone.stages, 3);  // alone, a small stage has two rows loading ahead
   EXPECT_EQ(epilogue_shape(p, 1, 8, 64 * 1024).stages, 2);
+  // With peers one row loads ahead, behind the deferred ones and the one reduced.
   EXPECT_EQ(epilogue_shape(p, 2, 8, 4096).defer, 1);
-  EXPECT_EQ(epilogue_shape(p, 2, 8, 4096).stages, 4);
+  EXPECT_EQ(epilogue_shape(p, 2, 8, 4096).stages, 3);
+  EXPECT_EQ(epilogue_shape(p, 4, 8, 4096).defer, 2);
+  EXPECT_EQ(epilogue_shape(p, 4, 8, 4096).stages, 4);
   EXPECT_EQ(epilogue_shape(p, 8, 8, 4096).defer, 2);
-  EXPECT_LE(epilogue_shape(p, 8, 8, 4096).stages, kEpilogueStageCap);
+  EXPECT_EQ(epilogue_shape(p, 8, 8, 4096).stages, 4);
+  EXPECT_EQ(epilogue_shape(p, 16, 8, 64 * 1024).stages, 4);
   QkEpilogueParams headwise = p;
   headwise.scope = NormScope::kHeadwise;  // nothing exchanged: nothing deferred
   EXPECT_EQ(epilogue_shape(headwise, 8, 8, 4096).defer, 0);
+  EXPECT_EQ(epilogue_shape(headwise, 8, 8, 4096).stages, 3);
+}
+
+TEST(EpiloguePlan, FewTokensWithPeersDeferAtMostOne) {
+  QkEpilogueParams p = aligned_params();
+  for (int64_t tokens : {int64_t{1}, int64_t{7}, kEpilogueFewTokensMax}) {
+    p.tokens = tokens;
+    for (int world : {4, 8, 16}) {
+      const EpilogueShape s = epilogue_shape(p, world, 8, 4096);
+      EXPECT_EQ(s.defer, kEpilogueFewTokensMaxDefer) << tokens << " tokens, TP " << world;
+      EXPECT_EQ(s.stages, kEpilogueFewTokensMaxDefer + 2) << tokens << " tokens, TP " << world;
+    }
+    EXPECT_EQ(epilogue_shape(p, 2, 8, 4096).defer, 1);
+  }
+  p.tokens = kEpilogueFewTokensMax + 1;
+  EXPECT_EQ(epilogue_shape(p, 8, 8, 4096).defer, kEpilogueMaxDefer);
 }
 
 TEST(EpiloguePlan, TuningOverridesThePolicyAndAForcedRingShortensItsDeferral) {
   QkEpilogueParams p = aligned_params();
+  p.tokens = 4096;
   p.tuning.block_threads = 96;
   p.tuning.stages = 5;
   EpilogueShape s = epilogue_shape(p, 8, 8, 4096);
@@ -87,12 +109,14 @@ TEST(EpiloguePlan, TuningOverridesThePolicyAndAForcedRingShortensItsDeferral) {
   p.tuning.stages = 6;
   EXPECT_EQ(epilogue_shape(p, 1, 8, 4096).defer, 0);  // alone: all but one stage load ahead
   p.tuning.stages = 0;
-  p.tuning.defer = 0;  // the ring follows as defer + 1 + the rows ahead
+  p.tuning.defer = 0;  // the ring follows as defer + 1 + the row ahead
   s = epilogue_shape(p, 2, 8, 4096);
   EXPECT_EQ(s.defer, 0);
-  EXPECT_EQ(s.stages, 3);
+  EXPECT_EQ(s.stages, 2);
   p.tuning.defer = 3;
   EXPECT_EQ(epilogue_shape(p, 2, 8, 64 * 1024).stages, 5);
+  EXPECT_EQ(epilogue_shape(p, 8, 8, 4096).stages, 5);
+  p.tuning.defer = kEpilogueDeferCap;
   EXPECT_EQ(epilogue_shape(p, 8, 8, 4096).stages, kEpilogueStageCap);
 }
 

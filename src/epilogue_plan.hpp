@@ -23,8 +23,9 @@ constexpr int kEpilogueBlockCap = 512;  // epilogue_layout.cuh's kEpilogueMaxThr
 constexpr int kEpilogueStageCap = 6;    // epilogue_layout.cuh's kEpilogueMaxStages
 /// Rows loading ahead of the one reduced: alone, two while a stage is small, else one; with
 /// peers always one, since the wait for the partners' partials, not the loads, bounds a block
-/// there. One H100, virtual TP 2 and 8, against two rows ahead: 0.06-0.30 us faster at 64 tokens
-/// at 7 of 8 points, and -7.5% to +1.3% at 4096 (docs/performance.md, "The ring with peers").
+/// there. One H100, four models at virtual TP 2-8, against two rows ahead: 0.08-0.18 us faster
+/// at one token and 0.14-0.44 us at 64, -7.9% to +2.0% at 4096 (docs/performance.md, "The ring
+/// with peers: one row ahead").
 constexpr std::size_t kEpilogueDeepStageBytes = 16 * 1024;
 /// With peers, a token's collect lags its publish by ceil(log2(TP)) tokens, at most this many
 /// (the plain kernel's deferral): a peer a few tokens behind then costs no wait.

@@ -89,10 +89,10 @@ constexpr uint32_t kPeerFailed = 3;
 // barrier deadline (above a failing kernel's deadline plus the stall, so a barrier only fails on
 // a rank that really does not come).
 constexpr Ms kFailDeadline{30};
-constexpr Ms kLongDeadline{3000};
+constexpr Ms kLongDeadline{3000 * kHangBoundScale};
 constexpr Ms kStall{100};
 constexpr Ms kQuiesceBound{60};
-constexpr Ms kBarrierDeadline{2000};
+constexpr Ms kBarrierDeadline{2000 * kHangBoundScale};
 constexpr int64_t kCapacity = 8;  // slots per bank; calls have 1..kCapacity tokens
 
 struct Rules {

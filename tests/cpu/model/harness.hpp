@@ -29,6 +29,21 @@ namespace swiftqk::model {
 using Clock = std::chrono::steady_clock;
 using Ms = std::chrono::milliseconds;
 
+// Wall-clock bounds that only guard against a hang (a scenario's TimeBound, a forced schedule's
+// waits, the deadlines that must not expire) stretch by this factor under ThreadSanitizer, which
+// runs the models' threads several times slower; deadlines meant to expire keep their length.
+#if defined(__SANITIZE_THREAD__)
+constexpr int kHangBoundScale = 4;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr int kHangBoundScale = 4;
+#else
+constexpr int kHangBoundScale = 1;
+#endif
+#else
+constexpr int kHangBoundScale = 1;
+#endif
+
 // ---------------------------------------------------------------- the data exchanged
 
 inline uint64_t splitmix64(uint64_t x) {
@@ -214,7 +229,7 @@ void expect_clean_run(const Tally& o, int64_t expected);
 /// Fails the test if the scope it guards runs past `limit`: nothing may hang.
 class TimeBound {
  public:
-  explicit TimeBound(Ms limit) : limit_(limit) {}
+  explicit TimeBound(Ms limit) : limit_(limit * kHangBoundScale) {}
   ~TimeBound();
   TimeBound(const TimeBound&) = delete;
   TimeBound& operator=(const TimeBound&) = delete;
@@ -236,7 +251,7 @@ auto run_negative_control(Run&& run) {
 
 /// How long a forced schedule waits for its turn: generous, so that a wait only runs out when
 /// the schedule is broken.
-constexpr Ms kScheduleTimeout{2000};
+constexpr Ms kScheduleTimeout{2000 * kHangBoundScale};
 
 /// Counts down to zero once; Wait returns whether it got there within the timeout.
 class Latch {

@@ -63,7 +63,8 @@ struct Knobs {
   bool random_delays = true;
   int zero_one_in = 24;                // a partial is -0.0 (and +0.0) once in 2 * zero_one_in
   std::vector<int64_t> token_pattern;  // non-empty: call i has token_pattern[i % size] tokens
-  std::chrono::milliseconds deadline{10000};  // per token wait; a hang fails instead
+  // Per token wait; a hang fails instead.
+  std::chrono::milliseconds deadline{10000 * kHangBoundScale};
   // Forced schedules (no effect at -1).
   int slow_rank = -1;  // sleeps slow_us before publishing each token
   int slow_us = 0;

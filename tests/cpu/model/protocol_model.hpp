@@ -50,7 +50,8 @@ struct Knobs {
   uint32_t first_call = 0;  // initial value of every rank's device call counter
   uint64_t seed = 1;
   bool random_delays = true;
-  std::chrono::milliseconds deadline{10000};  // per token wait; a hang fails instead
+  // Per token wait; a hang fails instead.
+  std::chrono::milliseconds deadline{10000 * kHangBoundScale};
   // Broken variants (negative controls); the defaults are the real protocol.
   int fixed_tokens = -1;                 // >= 0: every call has this many tokens
   bool two_banks = true;                 // false: every call uses bank 0

@@ -204,6 +204,7 @@ json run_point(const Options& o, const EpilogueOptions& eo, const Point& pt, con
   j["stages"] = eo.tuning.stages;
   j["defer"] = eo.tuning.defer;
   j["split"] = eo.tuning.split;
+  j["weights"] = eo.tuning.weights;
   j["out_of_place"] = eo.out_of_place;
   j["fused_only"] = eo.fused_only;
   j["mode"] = o.mode;
@@ -226,6 +227,8 @@ int main(int argc, char** argv) {
                  "tokens a block writes behind the one it reduces (-1 = tuned)");
   app.add_option("--split", eo.tuning.split,
                  "blocks sharing a token, TP 1 only: 1, 2, 4 or 8 (0 = tuned)");
+  app.add_option("--weights", eo.tuning.weights,
+                 "where the kernel reads the norm weights: 1 shared memory, 2 global (0 = tuned)");
   app.add_flag("--out-of-place", eo.out_of_place,
                "write Q to its own buffer instead of over the input (only such launches split)");
   app.add_flag("--fused-only", eo.fused_only,

@@ -148,9 +148,9 @@ void launch_impl(const std::vector<Communicator*>& comms,
     shape.cs_copy_bytes = std::min(shape.cs_copy_bytes, epilogue_cos_sin_copy_bytes(p));
   }
   const bool headwise = p0.scope == NormScope::kHeadwise;
-  const std::size_t smem =
-      detail::epilogue_smem_bytes(layout, shape.stages, headwise ? 2 * p0.head_dim : qw + kw, es,
-                                  p0.num_q_heads + p0.num_kv_heads);
+  const int64_t weight_elems = shape.weights_global ? 0 : headwise ? 2 * p0.head_dim : qw + kw;
+  const std::size_t smem = detail::epilogue_smem_bytes(layout, shape.stages, weight_elems, es,
+                                                       p0.num_q_heads + p0.num_kv_heads);
 
   detail::EpilogueKey key;
   key.q_fp8 = p0.q_out_dtype == DType::kF8E4M3;
@@ -161,6 +161,7 @@ void launch_impl(const std::vector<Communicator*>& comms,
   // The canonical order (layerwise only; validate_epilogue_params checked TP and widths).
   const bool det = p0.deterministic && p0.scope == NormScope::kLayerwise;
   key.det = det;
+  key.weights_global = shape.weights_global;
   // Alone, a few tokens' launch shares each token between `split` blocks (a multiple of which
   // every rank gets; blocks_per_rank / split tokens are then in flight per rank). Only a call of
   // more than kMaxLaunchTokens tokens alone has a second chunk, too many tokens to split.

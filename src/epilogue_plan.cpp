@@ -79,6 +79,13 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
     s.stages = std::min(kEpilogueStageCap, s.defer + 1 + ahead);
   }
   s.cs_copy_bytes = epilogue_cos_sin_copy_bytes(p);
+  const bool det = p.deterministic && p.scope == NormScope::kLayerwise;
+  SWIFTQK_EXPECTS(t.weights != 2 || (exchanges && !det),
+                  std::string("QkEpilogueParams.tuning.weights = 2: ") +
+                      (det ? "the deterministic mode"
+                           : "a launch that exchanges nothing (TP 1, or a headwise norm)") +
+                      " stages its weights in shared memory; give 0 (tuned) or 1");
+  s.weights_global = t.weights == 2;
   return s;
 }
 

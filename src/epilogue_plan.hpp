@@ -57,11 +57,12 @@ constexpr int kEpilogueDeferCap = kEpilogueStageCap - 2;
 int epilogue_vector_elems(const QkEpilogueParams& p);
 
 struct EpilogueShape {
-  int vec = 1;            ///< elements per access
-  int threads = 0;        ///< per block (one token at a time)
-  int stages = 2;         ///< ring depth: defer + 1 + the rows loading ahead
-  int defer = 0;          ///< tokens a collect lags its publish (0 alone)
-  int cs_copy_bytes = 2;  ///< unit in which a cos/sin row is staged: 16, 4 or 2
+  int vec = 1;                  ///< elements per access
+  int threads = 0;              ///< per block (one token at a time)
+  int stages = 2;               ///< ring depth: defer + 1 + the rows loading ahead
+  int defer = 0;                ///< tokens a collect lags its publish (0 alone)
+  int cs_copy_bytes = 2;        ///< unit in which a cos/sin row is staged: 16, 4 or 2
+  bool weights_global = false;  ///< the norm weights are read from global memory, not staged
 };
 
 /// @brief The shape for p on a group of `world` ranks, with access width vec and a ring stage of

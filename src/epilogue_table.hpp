@@ -11,13 +11,14 @@ using EpilogueFn = void (*)(EpilogueArgs);
 
 /// Everything that selects an instantiation of qk_epilogue_kernel besides the model dtype.
 struct EpilogueKey {
-  bool q_fp8 = false;      // q_out is fp8 e4m3
-  bool cache_fp8 = false;  // the KV cache is fp8 e4m3
-  bool vector = true;      // 16-byte accesses; else element by element
-  bool alone = false;      // no exchange (TP 1 layerwise, or headwise)
-  bool olmo2 = true;       // NormOrder::kOlmo2, else kLlama
-  bool det = false;        // the deterministic mode's canonical sums (layerwise)
-  bool split = false;      // blocks share a token (alone, vector path, not det)
+  bool q_fp8 = false;           // q_out is fp8 e4m3
+  bool cache_fp8 = false;       // the KV cache is fp8 e4m3
+  bool vector = true;           // 16-byte accesses; else element by element
+  bool alone = false;           // no exchange (TP 1 layerwise, or headwise)
+  bool olmo2 = true;            // NormOrder::kOlmo2, else kLlama
+  bool det = false;             // the deterministic mode's canonical sums (layerwise)
+  bool split = false;           // blocks share a token (alone, vector path, not det)
+  bool weights_global = false;  // with peers, not det: the norm weights read from global memory
 };
 
 EpilogueFn pick_epilogue_kernel_bf16(const EpilogueKey& k);

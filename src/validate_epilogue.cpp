@@ -246,6 +246,9 @@ void EpilogueTuning::validate() const {
       split == 0 || (split >= 1 && split <= kEpilogueMaxSplit && (split & (split - 1)) == 0),
       who + "split = " + num(split) + " is not a power of two in [1, " + num(kEpilogueMaxSplit) +
           "] (0 = tuned)");
+  SWIFTQK_EXPECTS(weights >= 0 && weights <= 2,
+                  who + "weights = " + num(weights) +
+                      " is not 1 (shared memory) or 2 (global memory); 0 = tuned");
 }
 
 void validate_epilogue_params(const QkEpilogueParams& p, int world_size) {

@@ -77,13 +77,20 @@ struct EpilogueTuning {
   /// only while the launch leaves SMs idle). A launch that exchanges, takes the element path,
   /// runs the deterministic mode or writes Q or K in place takes 0 or 1 only.
   int split = 0;
+  /// Where the kernel reads the norm weights: 1 staged in shared memory once per block, 2 from
+  /// global memory through L1 (each block prefetches its rank's weights into L1 at entry), which
+  /// leaves the block's shared memory to the ring; 0 = the policy, which stages them (2 was 4-9%
+  /// faster for some shapes with peers from 64 tokens and slower for others, and slower at one
+  /// token: docs/performance.md). Only a launch that exchanges partial sums outside the
+  /// deterministic mode takes 2.
+  int weights = 0;
 
   /// @brief Throws swiftqk::Error naming the first field no launch can take, and its value.
   void validate() const;
 
   bool operator==(const EpilogueTuning& o) const {
     return block_threads == o.block_threads && stages == o.stages && defer == o.defer &&
-           split == o.split;
+           split == o.split && weights == o.weights;
   }
   bool operator!=(const EpilogueTuning& o) const { return !(*this == o); }
 };

@@ -8,12 +8,22 @@ namespace swiftqk::detail {
 
 template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2, bool kAlone>
 EpilogueFn pick_epilogue_det(const EpilogueKey& k) {
-  if (k.det) return &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, kAlone, true, false>;
+  if (k.det) {
+    return k.weights_global
+               ? nullptr
+               : &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, kAlone, true, false>;
+  }
   if constexpr (kAlone && VEC > 1) {  // the only kernels that split a token
     if (k.split) return &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, true, false, true>;
   }
-  return k.split ? nullptr
-                 : &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, kAlone, false, false>;
+  if constexpr (!kAlone) {  // the only kernels that read the weights from global memory
+    if (k.weights_global) {
+      return &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, false, false, false, true>;
+    }
+  }
+  return k.split || k.weights_global
+             ? nullptr
+             : &qk_epilogue_kernel<T, QOut, CacheT, VEC, kOlmo2, kAlone, false, false>;
 }
 
 template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2>

@@ -49,9 +49,13 @@ __device__ __forceinline__ void poison_token(const EpilogueArgs& a, const Epilog
 /// kDet: the deterministic mode's canonical sums (layerwise only; a template parameter, so the
 /// default kernels are unchanged). kSplit: blocks share a token (EpilogueArgs::split_log2; alone,
 /// on the vector path, without kDet): a template parameter, since the ranges it works out cost
-/// the unsplit launches 0.1 us at 8-64 tokens and up to 3% at 4096 (one H100).
+/// the unsplit launches 0.1 us at 8-64 tokens and up to 3% at 4096 (one H100). kWGlobal: the norm
+/// weights are read from global memory (through L1, prefetched at entry) instead of staged in
+/// shared memory, which leaves the block's shared memory to the ring (with peers, without kDet):
+/// a template parameter, since choosing at run time cost every launch 0.1-0.2 us at one token and
+/// up to 12% at 4096 tokens (one H100).
 template <typename T, typename QOut, typename CacheT, int VEC, bool kOlmo2, bool kAlone, bool kDet,
-          bool kSplit>
+          bool kSplit, bool kWGlobal = false>
 __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
     qk_epilogue_kernel(const __grid_constant__ EpilogueArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -120,7 +124,8 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
       epilogue_stage_layout(qw + 2 * kw, sizeof(T), rot, a.cs_f32 ? 4 : sizeof(T));
   uint8_t* const ring = reinterpret_cast<uint8_t*>(s_dyn);
   T* const s_weight = reinterpret_cast<T*>(ring + static_cast<std::size_t>(S) * L.bytes());
-  const int weight_elems = headwise ? 2 * hd : qw + kw;
+  static_assert(!kWGlobal || (!kAlone && !kDet), "global weights: with peers, not deterministic");
+  const int weight_elems = kWGlobal ? 0 : headwise ? 2 * hd : qw + kw;
   float* const s_head =
       reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(s_weight) +
                                pad16(static_cast<std::size_t>(weight_elems) * sizeof(T)));
@@ -147,6 +152,18 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
       for (int e = tid; e < weight_elems; e += G) {
         s_weight[e] = e < half_w ? qwp[e] : kwp[e - half_w];
       }
+    }
+    if constexpr (kWGlobal) {
+      // Every 128-byte line of the rank's weights into this SM's L1 while the first rows load.
+      auto prefetch = [&](const T* w, int elems) {
+        const uint8_t* b = reinterpret_cast<const uint8_t*>(w);
+        const uint8_t* end = b + static_cast<std::size_t>(elems) * sizeof(T);
+        for (const uint8_t* l = b + tid * 128; l < end + 127; l += G * 128) {
+          asm volatile("prefetch.global.L1 [%0];" ::"l"(l < end ? l : end - 1));
+        }
+      };
+      prefetch(qwp, qw);
+      prefetch(kwp, kw);
     }
   }
 
@@ -443,8 +460,12 @@ __global__ void __launch_bounds__(kEpilogueMaxThreads, kEpilogueMinBlocks)
         const bool is_q = hh < a.q_heads;
         const int h = is_q ? hh : hh - a.q_heads;
         const T* x_head = wrow + (is_q ? 0 : qw) + h * hd;
-        const T* w_head =
-            headwise ? s_weight + (is_q ? 0 : hd) : s_weight + (is_q ? 0 : qw) + h * hd;
+        const T* w_head;
+        if constexpr (kWGlobal) {
+          w_head = static_cast<const T*>(is_q ? ra.q_w : ra.k_w) + h * hd;
+        } else {
+          w_head = headwise ? s_weight + (is_q ? 0 : hd) : s_weight + (is_q ? 0 : qw) + h * hd;
+        }
         const float r = headwise ? s_head[hh] : (is_q ? rs.x : rs.y);
         auto store = [&](int d, const float(&y)[VEC]) {
           if (is_q) {

@@ -241,6 +241,15 @@ TEST(EpiloguePlan, TuningValuesNoLaunchTakesAreRefusedByName) {
   refused(t, "defer = -2");
   t.defer = 1;
   EXPECT_NO_THROW(t.validate());
+  t = {};
+  for (int w : {-1, 3}) {
+    t.weights = w;
+    refused(t, "weights = " + std::to_string(w) + " is not 1 (shared memory) or 2 (global");
+  }
+  for (int w : {0, 1, 2}) {
+    t.weights = w;
+    EXPECT_NO_THROW(t.validate());
+  }
 }
 
 TEST(EpiloguePlan, BlockGrowsWithTheRowUpToTheCap) {

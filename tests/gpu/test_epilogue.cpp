@@ -241,6 +241,57 @@ TEST(Epilogue, EveryForcedLaunchShapeIsCorrectAndRingsKeepTheBits) {
   EXPECT_GT(refused, 0);
 }
 
+// With peers, the norm weights read from global memory (EpilogueTuning::weights = 2) enter the
+// same arithmetic as the staged copy (1): every output bit is the same at TP 2-8 on the DESIGN
+// shapes (a few tokens and many), on the element path and with an fp8 cache and Q. A launch that
+// exchanges nothing, and the deterministic mode, refuse it by name and write nothing.
+TEST(Epilogue, WeightsFromGlobalMemoryKeepTheBits) {
+  REQUIRE_GPU();
+  uint64_t seed = 3300;
+  std::vector<std::pair<EpilogueSetup, int>> cases;
+  for (const EpilogueModel& m : kModels) {
+    for (int world : {2, 4, 8}) {
+      if (m.kv_heads % world != 0) continue;
+      for (int64_t tokens : {3, 300}) cases.emplace_back(setup_of(m, tokens, ++seed), world);
+    }
+  }
+  EpilogueSetup fp8 = setup_of(kModels[3], 120, ++seed);
+  fp8.cache_dtype = fp8.q_out_dtype = DType::kF8E4M3;
+  fp8.in_place = false;
+  cases.emplace_back(fp8, 2);
+  EpilogueSetup element = setup_of(kModels[0], 40, ++seed);
+  element.unaligned = true;  // rows one element off 16 bytes: the element path
+  cases.emplace_back(element, 2);
+  EpilogueTuning shared, global;
+  shared.weights = 1;
+  global.weights = 2;
+  for (const auto& [s, world] : cases) {
+    SCOPED_TRACE("heads " + std::to_string(s.q_heads) + "/" + std::to_string(s.kv_heads) +
+                 " tokens " + std::to_string(s.tokens) + " TP " + std::to_string(world));
+    const EpilogueHost h = EpilogueHost::random(s);
+    const ref::EpilogueExpected gold = ref::epilogue_fp64(h.ref);
+    const auto a = checked_outputs(h, gold, world, shared);
+    const auto b = checked_outputs(h, gold, world, global);
+    for (int i = 0; i < world; ++i) EXPECT_TRUE(a[i] == b[i]) << "rank " << i;
+  }
+  for (int world : {1, 2}) {  // TP 1 exchanges nothing; TP 2 in the deterministic mode
+    const EpilogueHost h = EpilogueHost::random(setup_of(kModels[0], 16, ++seed));
+    EpilogueGroup g(world);
+    EpilogueRanks r = make_ranks(h, world, h.s.seed * 31);
+    const std::vector<uint8_t> before = output_bytes(r.d[0]);
+    std::vector<QkEpilogueParams> p = r.params();
+    for (QkEpilogueParams& e : p) {
+      e.tuning = global;
+      e.deterministic = world == 2;
+    }
+    expect_error([&] { launch_qk_epilogue_group(g.ptrs, p, nullptr); },
+                 {"tuning.weights = 2: ",
+                  world == 1 ? "a launch that exchanges nothing" : "the deterministic mode"});
+    SWIFTQK_CUDA_TRY(cudaDeviceSynchronize());
+    EXPECT_TRUE(output_bytes(r.d[0]) == before) << "a refused launch wrote";
+  }
+}
+
 // Alone and out of place, the blocks that share a token (EpilogueTuning::split; the policy
 // splits launches of a few tokens) write the bits of the unsplit launch: each sums the whole
 // row's squares in the same order and writes its own items and V vectors. Every DESIGN shape at

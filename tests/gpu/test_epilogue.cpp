@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -396,13 +397,13 @@ TEST(Epilogue, GraphReplaysAtSeveralTokenCounts) {
 // (epilogue_token_split): the first records the failure and poisons Q, and none writes the
 // token's K or V.
 void bad_value_case(bool position, int world, int64_t tokens = 50, int64_t bad_token = 17,
-                    bool in_place = true) {
+                    bool in_place = true, std::optional<int64_t> bad_position = std::nullopt) {
   EpilogueSetup s = setup_of(kModels[1], tokens, position ? 2001 : 2002);
   s.in_place = in_place;
   EpilogueHost h = EpilogueHost::random(s);
   int64_t bad_value;
   if (position) {
-    bad_value = s.max_position;
+    bad_value = bad_position.value_or(s.max_position);
     h.ref.positions[bad_token] = bad_value;
   } else {
     bad_value = h.cache_slots() + 5;
@@ -457,6 +458,12 @@ TEST(Epilogue, BadPositionIsRaisedAndWritesNothingOfThatToken) {
   bad_value_case(true, 1);
   bad_value_case(true, 2);
   bad_value_case(true, 1, 4, 2, false);
+  // Out of range in their 64 bits, not in their low 32: 2^32 + 3 (row 3 of the table, read by
+  // its low word) and -1 (0xffffffff), so a kernel that indexes by a position's low word is
+  // still held to catching them.
+  bad_value_case(true, 2, 50, 17, true, (int64_t{1} << 32) + 3);
+  bad_value_case(true, 1, 50, 17, true, (int64_t{1} << 32) + 3);
+  bad_value_case(true, 2, 50, 17, true, -1);
 }
 
 TEST(Epilogue, BadSlotIsRaisedAndWritesNothingOfThatToken) {

@@ -159,7 +159,7 @@ void launch_impl(const std::vector<Communicator*>& comms,
   key.alone = !exchanges;
   key.olmo2 = p0.order == NormOrder::kOlmo2;
   // The canonical order (layerwise only; validate_epilogue_params checked TP and widths).
-  const bool det = p0.deterministic && p0.scope == NormScope::kLayerwise;
+  const bool det = epilogue_canonical_sums(p0);
   key.det = det;
   key.weights_global = shape.weights_global;
   // Alone, a few tokens' launch shares each token between `split` blocks (a multiple of which

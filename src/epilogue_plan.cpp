@@ -79,7 +79,7 @@ EpilogueShape epilogue_shape(const QkEpilogueParams& p, int world, int vec,
     s.stages = std::min(kEpilogueStageCap, s.defer + 1 + ahead);
   }
   s.cs_copy_bytes = epilogue_cos_sin_copy_bytes(p);
-  const bool det = p.deterministic && p.scope == NormScope::kLayerwise;
+  const bool det = epilogue_canonical_sums(p);
   SWIFTQK_EXPECTS(t.weights != 2 || (exchanges && !det),
                   std::string("QkEpilogueParams.tuning.weights = 2: ") +
                       (det ? "the deterministic mode"
@@ -96,10 +96,9 @@ int epilogue_token_split(const QkEpilogueParams& p, int world, int vec, int64_t 
   const bool in_place = p.q_out == p.q || (p.k_out != nullptr && p.k_out == p.k);
   const char* whole = epilogue_exchanges(p, world) ? "a launch that exchanges partial sums"
                       : vec == 1                   ? "the element path"
-                      : p.deterministic && p.scope == NormScope::kLayerwise
-                          ? "the deterministic mode"
-                      : in_place ? "a launch that writes Q or K in place"
-                                 : nullptr;
+                      : epilogue_canonical_sums(p) ? "the deterministic mode"
+                      : in_place                   ? "a launch that writes Q or K in place"
+                                                   : nullptr;
   if (whole != nullptr) {
     SWIFTQK_EXPECTS(p.tuning.split <= 1,
                     "QkEpilogueParams.tuning.split = " + std::to_string(p.tuning.split) + ": " +

@@ -101,4 +101,10 @@ constexpr bool epilogue_exchanges(const QkEpilogueParams& p, int world) {
   return p.scope == NormScope::kLayerwise && world > 1;
 }
 
+/// @brief Whether the launch takes the deterministic mode's canonical sums (layerwise only; a
+/// headwise norm is the same at every TP degree without them).
+constexpr bool epilogue_canonical_sums(const QkEpilogueParams& p) {
+  return p.deterministic && p.scope == NormScope::kLayerwise;
+}
+
 }  // namespace swiftqk

@@ -167,7 +167,7 @@ void check_scalars(const QkEpilogueParams& p, int world_size) {
                   "eps must be finite and > 0, got " + std::to_string(p.eps));
   SWIFTQK_EXPECTS(!p.weight_plus_one || p.scope == NormScope::kHeadwise,
                   "weight_plus_one (Gemma-3's 1 + w) needs scope == NormScope::kHeadwise");
-  if (p.deterministic && p.scope == NormScope::kLayerwise) {
+  if (epilogue_canonical_sums(p)) {
     // The canonical order: 16 segments of each full row, rank r holding 16 / world of them.
     check_canonical_split(qw, kw, static_cast<int>(16 / dtype_size(p.dtype)), world_size);
   }
